@@ -1,0 +1,39 @@
+# The two commands of the README: `make train` and `make test`.
+# Each creates the virtualenv, installs the pinned requirements and Debian's
+# FashionMNIST when they are missing, then runs. ARGS passes flags to the trainer.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+ARGS   ?=
+DATA   := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install data train test bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements-test.txt setup.py
+	@$(PYTHON) -c 'import sys; assert sys.version_info < (3, 12), "gluon_gpu needs Python <= 3.11 (numpy 1.23.5 for mxnet 1.9.1)"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-test.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+# Debian's copy of FashionMNIST; without it (not Debian, not root) the trainer
+# falls back to MXNet's download, or says how to get the data.
+data:
+	@[ -f $(DATA) ] || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist; } \
+	  || echo "warning: could not install dataset-fashion-mnist; pass --data-dir or let MXNet download" >&2
+
+train: install data
+	$(PY) -m gluon_gpu.train $(ARGS)
+
+test: install data
+	$(PY) -m pytest
+
+bench: install data
+	$(PY) -m gluon_gpu.bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,25 @@
+"""Errors a user can fix by changing an input.
+
+Every CLI catches :class:`UserError` and prints it as one line on stderr with exit
+status 2; anything else is a bug and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for (flag, file, device, data)."""
+
+
+class DeviceError(UserError, ValueError):
+    """A device spec that is malformed or names devices this machine lacks."""
+
+
+class DataError(UserError):
+    """Training data that cannot be found or is not valid FashionMNIST IDX."""
+
+
+class ParamsError(UserError):
+    """A parameter file that is missing, corrupt, or of another architecture."""
+
+
+class DivergedError(UserError):
+    """The loss became NaN or infinite; the last good parameters were kept."""

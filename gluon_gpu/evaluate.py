@@ -1,0 +1,38 @@
+"""python -m gluon_gpu.evaluate: load saved parameters onto any device and report test accuracy."""
+import sys
+
+from .cli import add_model_flag, check_batch, main_guard, parser
+from .data import DevicePipeline, find_data_dir, load_split
+from .devices import describe, devices
+from .models import load_model, model_name_beside
+from .parallel import DataParallel
+
+
+def build_parser():
+    p = parser("gluon_gpu.evaluate", __doc__)
+    p.add_argument("--params", required=True, help="a net.params file written by gluon_gpu.train")
+    add_model_flag(p, default=None)
+    return p
+
+
+def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256):
+    """Test-set accuracy of the parameters in ``path`` loaded onto ``ctx``."""
+    net = load_model(path, ctx, model)
+    test_x, test_y = load_split("test", find_data_dir(data_dir, "test"))
+    dp = DataParallel(net, ctx, normalize_in_graph=True)
+    return dp.evaluate(DevicePipeline(test_x, test_y, batch_size, ctx, shuffle=False).epoch(0))
+
+
+@main_guard("gluon_gpu.evaluate")
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    model = args.model or model_name_beside(args.params)
+    with devices(args.devices) as ctx:
+        check_batch(args.batch_size, ctx)
+        acc = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size)
+    print(f"{args.params}: {model} test accuracy {acc:.4f} on {describe(ctx)} (10000 images)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The data-parallel step: one network replicated on a device list, usable from any loop.
+
+    dp = DataParallel(net, ctx, optimizer="sgd", optimizer_params={"learning_rate": 0.1})
+    for data, label in loader:
+        loss = dp.step(data, label)      # split, forward+backward on every device, update
+    print(dp.read_metrics())            # the only host sync: mean loss and accuracy
+
+Each batch is split with ``gluon.utils.split_and_load(..., even_split=False)`` (or
+arrives already split by the device pipeline), every device runs forward and backward
+concurrently through MXNet's async engine, and ``gluon.Trainer`` aggregates gradients
+through the kvstore. Loss and correct counts are summed on the devices and read only
+when ``read_metrics`` is called.
+"""
+import os
+
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+
+from .data import Normalize
+from .errors import UserError
+
+KVSTORES = ("device", "local", "nccl", "dist_sync", "dist_device_sync", "dist_async")
+DTYPES = ("float32", "float16")
+
+
+def default_kvstore(ctx):
+    """'device' (aggregate on the GPUs) for GPUs, 'local' for CPU contexts."""
+    return "device" if ctx[0].device_type == "gpu" else "local"
+
+
+def check_options(ctx, kvstore=None, dtype="float32"):
+    """Reject GPU-only or launcher-only options where they cannot work (UserError)."""
+    on_gpu = all(c.device_type == "gpu" for c in ctx)
+    if kvstore is not None and kvstore not in KVSTORES:
+        raise UserError(f"unknown kvstore {kvstore!r}: choose one of {', '.join(KVSTORES)}")
+    if kvstore == "nccl":
+        if not on_gpu:
+            raise UserError("kvstore nccl needs GPU devices (got %s)" % ", ".join(map(str, ctx)))
+        if not mx.runtime.Features().is_enabled("NCCL"):
+            raise UserError("kvstore nccl needs an MXNet build with NCCL; this one has none "
+                            "(use --kvstore device)")
+    if kvstore is not None and kvstore.startswith("dist"):
+        if "DMLC_ROLE" not in os.environ:
+            raise UserError(f"kvstore {kvstore} needs the DMLC_* environment of a distributed "
+                            "job: start it with python -m gluon_gpu.launch")
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if dtype == "float16" and not on_gpu:
+        raise UserError("float16 training is supported on GPU devices only")
+
+
+class _Graph(gluon.HybridBlock):
+    """(optional uint8 normalize) -> net -> (summed loss, correct count), for one input shape."""
+
+    def __init__(self, net, loss, normalize, dtype):
+        super().__init__(prefix="")
+        self.net, self.loss_fn = net, loss
+        self.normalize = Normalize() if normalize else None
+        self._dtype = dtype
+
+    def hybrid_forward(self, F, x, y):
+        if self.normalize is not None:
+            x = self.normalize(x)
+        out = self.net(x.astype(self._dtype))
+        correct = F.sum(F.argmax(out, axis=1) == y.astype(self._dtype))
+        if self.loss_fn is None:
+            return correct
+        return F.sum(self.loss_fn(out, y)), correct
+
+
+class DataParallel:
+    """A network, its ``gluon.Trainer`` and the device list it is replicated on.
+
+    ``normalize_in_graph=True`` takes uint8 (B, 28, 28) input (the device pipeline)
+    and normalizes it inside the graph; otherwise input is already float (B, 1, 28, 28).
+    """
+
+    def __init__(self, net, ctx, optimizer="sgd", optimizer_params=None, kvstore=None,
+                 loss=None, hybridize=True, normalize_in_graph=False, dtype="float32",
+                 initializer=None):
+        self.ctx = list(ctx)
+        kvstore = kvstore or default_kvstore(self.ctx)
+        check_options(self.ctx, kvstore, dtype)
+        self.net, self.hybridize, self.dtype = net, hybridize, dtype
+        self.normalize_in_graph = normalize_in_graph
+        self.loss = loss or gluon.loss.SoftmaxCrossEntropyLoss()
+        if not _is_initialized(net):
+            net.initialize(initializer or mx.init.Xavier(), ctx=self.ctx)
+        else:
+            net.collect_params().reset_ctx(self.ctx)
+        if dtype != "float32":
+            net.cast(dtype)
+        params = dict(optimizer_params or {})
+        if dtype == "float16":
+            params.setdefault("multi_precision", True)
+        self.kvstore = mx.kv.create(kvstore) if kvstore.startswith("dist") else kvstore
+        self.trainer = gluon.Trainer(net.collect_params(), optimizer, params, kvstore=self.kvstore)
+        self._graphs = {}
+        self.reset_metrics()
+
+    # -- the step -----------------------------------------------------------
+    def split(self, data, label):
+        """Per-device shards of a batch; already-split lists pass through unchanged."""
+        if isinstance(data, (list, tuple)):
+            return list(data), list(label)
+        n = data.shape[0]
+        ctx = self.ctx[:n]  # a last batch smaller than the device count uses fewer devices
+        return (gluon.utils.split_and_load(data, ctx, even_split=False),
+                gluon.utils.split_and_load(label, ctx, even_split=False))
+
+    def step(self, data, label):
+        """Forward, backward and one optimizer update on a batch; returns the batch's mean
+        loss as a lazy NDArray on the first device (reading it forces a sync)."""
+        xs, ys = self.split(data, label)
+        batch_size = sum(x.shape[0] for x in xs)
+        with autograd.record():
+            outs = [self._graph(x.shape, training=True)(x, y) for x, y in zip(xs, ys)]
+        for loss_sum, _ in outs:
+            loss_sum.backward()
+        if len(xs) < len(self.ctx):
+            self._zero_grads(self.ctx[len(xs):])
+        self.trainer.step(batch_size)
+        for i, (loss_sum, correct) in enumerate(outs):
+            self._loss[i] += loss_sum
+            self._correct[i] += correct
+        self._samples += batch_size
+        total = nd.add_n(*[l.as_in_context(self.ctx[0]) for l, _ in outs])
+        return total / batch_size
+
+    def reset_metrics(self):
+        self._loss = [nd.zeros((1,), ctx=c) for c in self.ctx]
+        self._correct = [nd.zeros((1,), ctx=c) for c in self.ctx]
+        self._samples = 0
+
+    def read_metrics(self, reset=True):
+        """``{'loss', 'accuracy', 'samples'}`` since the last reset: the one host sync."""
+        samples = max(self._samples, 1)
+        loss = sum(float(l.asscalar()) for l in self._loss) / samples
+        acc = sum(float(c.asscalar()) for c in self._correct) / samples
+        result = {"loss": loss, "accuracy": acc, "samples": self._samples}
+        if reset:
+            self.reset_metrics()
+        return result
+
+    # -- evaluation -----------------------------------------------------------
+    def evaluate(self, batches):
+        """Accuracy over an iterable of batches (host batches or per-device shards)."""
+        correct = [nd.zeros((1,), ctx=c) for c in self.ctx]
+        total = 0
+        for data, label in batches:
+            xs, ys = self.split(data, label)
+            for i, (x, y) in enumerate(zip(xs, ys)):
+                correct[i] += self._graph(x.shape, training=False)(x, y)
+            total += sum(x.shape[0] for x in xs)
+        return sum(float(c.asscalar()) for c in correct) / max(total, 1)
+
+    # -- internals ------------------------------------------------------------
+    def _graph(self, shape, training):
+        """One hybridized graph per (input shape, mode), all sharing the net's parameters,
+        so a last partial batch gets its own cached graph instead of re-planning the
+        full-batch one every epoch."""
+        key = (tuple(shape), training)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = _Graph(self.net, self.loss if training else None, self.normalize_in_graph, self.dtype)
+            if self.hybridize:
+                graph.hybridize(static_alloc=True, static_shape=True)
+            self._graphs[key] = graph
+        return graph
+
+    def _zero_grads(self, idle_ctx):
+        """Devices that got no samples this step must contribute zero, not stale, grads."""
+        for param in self.net.collect_params().values():
+            if param.grad_req != "null":
+                for c in idle_ctx:
+                    param.grad(c)[:] = 0
+
+
+def _is_initialized(net):
+    try:
+        return all(p.list_ctx() for p in net.collect_params().values())
+    except RuntimeError:
+        return False

@@ -1,0 +1,167 @@
+import gzip
+import os
+import struct
+
+import numpy as np
+import pytest
+from mxnet import nd
+
+from gluon_gpu import data
+from gluon_gpu.errors import DataError
+
+
+def write_idx(path, array, magic=None, count=None):
+    array = np.asarray(array, dtype=np.uint8)
+    magic = magic if magic is not None else 0x800 + array.ndim
+    dims = list(array.shape)
+    if count is not None:
+        dims[0] = count
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *dims) + array.tobytes())
+
+
+def make_split(directory, split, n, seed=0):
+    rng = np.random.default_rng(seed)
+    images, labels = data.FILES[split]
+    write_idx(os.path.join(directory, images + ".gz"), rng.integers(0, 256, (n, 28, 28)))
+    write_idx(os.path.join(directory, labels + ".gz"), rng.integers(0, 10, n))
+
+
+def test_real_files_have_the_standard_shapes(data_dir):
+    x, y = data.load_split("train", data_dir)
+    assert x.shape == (60000, 28, 28) and x.dtype == np.uint8
+    assert y.shape == (60000,) and set(np.unique(y)) == set(range(10))
+    tx, ty = data.load_split("test", data_dir)
+    assert tx.shape == (10000, 28, 28) and ty.shape == (10000,)
+
+
+def test_idx_round_trip(tmp_path):
+    arr = np.arange(3 * 28 * 28).reshape(3, 28, 28) % 256
+    write_idx(tmp_path / "x.gz", arr)
+    assert (data.read_idx(str(tmp_path / "x.gz"), 3) == arr).all()
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("magic", "magic"), ("count", "truncated or corrupt"), ("shape", "expected 28x28"),
+    ("truncated_gzip", "cannot read"), ("tiny", "not an IDX file"), ("not_gzip", "cannot read"),
+])
+def test_corrupt_idx_files_fail_clearly(tmp_path, kind, message):
+    path = str(tmp_path / "bad.gz")
+    arr = np.zeros((4, 28, 28))
+    if kind == "magic":
+        write_idx(path, arr, magic=0x0801)
+    elif kind == "count":
+        write_idx(path, arr, count=5)
+    elif kind == "shape":
+        write_idx(path, np.zeros((4, 27, 28)))
+    elif kind == "truncated_gzip":
+        write_idx(path, arr)
+        raw = open(path, "rb").read()
+        open(path, "wb").write(raw[: len(raw) // 2])
+    elif kind == "tiny":
+        with gzip.open(path, "wb") as f:
+            f.write(b"\x00\x00")
+    else:
+        open(path, "wb").write(b"this is not gzip at all")
+    with pytest.raises(DataError, match=message):
+        data.read_idx(path, 3)
+
+
+def test_label_count_must_match_images(tmp_path):
+    make_split(str(tmp_path), "test", 5)
+    write_idx(str(tmp_path / "t10k-labels-idx1-ubyte.gz"), np.zeros(4))
+    with pytest.raises(DataError, match="5 images but 4 labels"):
+        data.load_split("test", str(tmp_path))
+
+
+@pytest.fixture
+def isolated(monkeypatch, tmp_path):
+    """No env dir, an empty MXNet cache, no Debian dir, and no network."""
+    monkeypatch.delenv("GLUON_GPU_DATA", raising=False)
+    monkeypatch.setenv("MXNET_HOME", str(tmp_path / "mxhome"))
+    monkeypatch.setattr(data, "DEBIAN_DIR", str(tmp_path / "no-debian"))
+    monkeypatch.setattr(data, "_download", lambda directory, split: False)
+    return tmp_path
+
+
+def test_search_order(isolated, monkeypatch):
+    env_dir, cache = isolated / "env", isolated / "mxhome" / "datasets" / "fashion-mnist"
+    debian = isolated / "no-debian"
+    for d, seed in ((env_dir, 1), (cache, 2), (debian, 3)):
+        d.mkdir(parents=True)
+        make_split(str(d), "test", 3, seed)
+    monkeypatch.setenv("GLUON_GPU_DATA", str(env_dir))
+    assert data.find_data_dir(None, "test") == str(env_dir)
+    monkeypatch.delenv("GLUON_GPU_DATA")
+    assert data.find_data_dir(None, "test") == str(cache)
+    for f in cache.iterdir():
+        f.unlink()
+    assert data.find_data_dir(None, "test") == str(debian)
+    assert data.find_data_dir(str(env_dir), "test") == str(env_dir)
+
+
+def test_download_is_the_last_resort(isolated, monkeypatch):
+    calls = []
+
+    def fake_download(directory, split):
+        calls.append(directory)
+        os.makedirs(directory, exist_ok=True)
+        make_split(directory, split, 2)
+        return True
+    monkeypatch.setattr(data, "_download", fake_download)
+    assert data.find_data_dir(None, "test") == data.mxnet_cache_dir()
+    assert calls == [data.mxnet_cache_dir()]
+
+
+def test_missing_data_names_both_ways(isolated):
+    with pytest.raises(DataError) as e:
+        data.find_data_dir(None, "train")
+    assert "apt-get install dataset-fashion-mnist" in str(e.value)
+    assert "--data-dir" in str(e.value)
+
+
+def test_explicit_data_dir_must_hold_the_files(tmp_path):
+    with pytest.raises(DataError, match="does not hold"):
+        data.find_data_dir(str(tmp_path), "train")
+
+
+def test_epoch_order_is_seeded_and_changes_per_epoch():
+    a, b = data.epoch_order(100, 3, 0), data.epoch_order(100, 3, 0)
+    assert (a == b).all() and sorted(a) == list(range(100))
+    assert (a != data.epoch_order(100, 3, 1)).any()
+    assert (a != data.epoch_order(100, 4, 0)).any()
+    assert (data.epoch_order(5, 3, 0, shuffle=False) == np.arange(5)).all()
+
+
+@pytest.mark.parametrize("n_ctx", [1, 2])
+def test_device_and_loader_pipelines_agree(train_slice, n_ctx):
+    """Same samples, same order, same normalized values for the same seed."""
+    import mxnet as mx
+    x, y = train_slice[0][:600], train_slice[1][:600]
+    ctx = [mx.cpu(i) for i in range(n_ctx)]
+    dev = data.DevicePipeline(x, y, 256, ctx, seed=7)
+    loader = data.LoaderPipeline(x, y, 256, ctx, seed=7, num_workers=0)
+    assert len(dev) == len(loader) == 3
+    norm = data.Normalize()
+    for epoch in (0, 1):
+        dev_batches, loader_batches = list(dev.epoch(epoch)), list(loader.epoch(epoch))
+        assert len(dev_batches) == len(loader_batches) == 3
+        for (dx, dy), (lx, ly) in zip(dev_batches, loader_batches):
+            got_x = np.concatenate([norm(s).asnumpy() for s in dx])
+            got_y = np.concatenate([s.asnumpy() for s in dy])
+            assert got_x.shape == lx.shape
+            np.testing.assert_allclose(got_x, lx.asnumpy(), rtol=0, atol=1e-6)
+            np.testing.assert_array_equal(got_y, ly.asnumpy())
+    first = np.concatenate([s.asnumpy() for s in list(dev.epoch(0))[0][1]])
+    second = np.concatenate([s.asnumpy() for s in list(dev.epoch(1))[0][1]])
+    assert (first != second).any(), "a new epoch must reshuffle"
+
+
+def test_device_pipeline_shards_live_on_their_devices(train_slice):
+    import mxnet as mx
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    pipe = data.DevicePipeline(train_slice[0][:300], train_slice[1][:300], 256, ctx)
+    shapes = [[s.shape[0] for s in xs] for xs, _ in pipe.epoch(0)]
+    assert shapes == [[128, 128], [22, 22]]
+    xs, _ = next(pipe.epoch(0))
+    assert [s.context for s in xs] == ctx and xs[0].dtype == np.uint8

@@ -1,0 +1,143 @@
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import nd
+
+from gluon_gpu import DataParallel, get_model
+from gluon_gpu.data import DevicePipeline, LoaderPipeline
+from gluon_gpu.errors import UserError
+from gluon_gpu.models import INPUT_SHAPE
+from gluon_gpu.parallel import check_options
+
+from conftest import param_arrays
+
+
+def make_dp(ctx, seed=0, **kw):
+    mx.random.seed(seed)
+    net = get_model("lenet")
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    net(nd.zeros(INPUT_SHAPE, ctx=ctx[0]))
+    kw.setdefault("optimizer_params", {"learning_rate": 0.1})
+    return DataParallel(net, ctx, **kw)
+
+
+def host_batches(train_slice, sizes):
+    """Tutorial-normalized float batches of the given sizes, in file order."""
+    x, y = train_slice[0][:sum(sizes)], train_slice[1][:sum(sizes)]
+    norm_x = np.concatenate([b.asnumpy() for b, _ in LoaderPipeline(x, y, 512, shuffle=False).epoch(0)])
+    starts = np.cumsum([0] + sizes)
+    return [(nd.array(norm_x[a:b]), nd.array(y[a:b])) for a, b in zip(starts[:-1], starts[1:])]
+
+
+def run(dp, batches):
+    losses = [float(dp.step(x, y).asscalar()) for x, y in batches]
+    return losses, param_arrays(dp.net)
+
+
+def assert_same_params(a, b, atol=1e-5):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=atol, err_msg=k)
+
+
+@pytest.mark.parametrize("optimizer,params", [
+    ("sgd", {"learning_rate": 0.1}),
+    ("sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}),
+    ("adam", {"learning_rate": 0.001}),
+])
+def test_two_devices_match_one_device(train_slice, optimizer, params):
+    batches = host_batches(train_slice, [256, 256, 256])
+    one = make_dp([mx.cpu(0)], optimizer=optimizer, optimizer_params=params)
+    two = make_dp([mx.cpu(0), mx.cpu(1)], optimizer=optimizer, optimizer_params=params)
+    assert_same_params(param_arrays(one.net), param_arrays(two.net), atol=0)
+    loss1, p1 = run(one, batches)
+    loss2, p2 = run(two, batches)
+    np.testing.assert_allclose(loss1, loss2, rtol=1e-5)
+    assert_same_params(p1, p2)
+    # the step really moved the parameters
+    fresh = param_arrays(make_dp([mx.cpu(0)]).net)
+    assert max(np.abs(fresh[k] - p1[k]).max() for k in fresh) > 1e-3
+
+
+@pytest.mark.parametrize("sizes", [[5], [1], [3, 1, 7]])
+def test_uneven_and_tiny_batches_over_two_devices(train_slice, sizes):
+    """A batch that does not divide evenly, or is smaller than the device count,
+    gives the same update as on one device (idle devices add zero, not stale, gradients)."""
+    batches = host_batches(train_slice, [256] + sizes)
+    _, p1 = run(make_dp([mx.cpu(0)]), batches)
+    _, p2 = run(make_dp([mx.cpu(0), mx.cpu(1)]), batches)
+    assert_same_params(p1, p2)
+
+
+def test_same_seed_same_losses(train_slice):
+    batches = host_batches(train_slice, [128] * 4)
+    a, pa = run(make_dp([mx.cpu(0)], seed=5), batches)
+    b, pb = run(make_dp([mx.cpu(0)], seed=5), batches)
+    c, _ = run(make_dp([mx.cpu(0)], seed=6), batches)
+    assert a == b
+    assert_same_params(pa, pb, atol=0)
+    assert a != c
+
+
+def test_hybridized_and_imperative_agree(train_slice):
+    batches = host_batches(train_slice, [256, 100])
+    _, p1 = run(make_dp([mx.cpu(0)], hybridize=True), batches)
+    _, p2 = run(make_dp([mx.cpu(0)], hybridize=False), batches)
+    assert_same_params(p1, p2)
+
+
+def test_device_pipeline_step_matches_host_batches(train_slice):
+    """uint8 shards normalized in the graph train exactly like tutorial-normalized floats."""
+    x, y = train_slice[0][:600], train_slice[1][:600]
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    dev_dp = make_dp(ctx, normalize_in_graph=True)
+    for xs, ys in DevicePipeline(x, y, 256, ctx, shuffle=False).epoch(0):
+        dev_dp.step(xs, ys)
+    host_dp = make_dp(ctx)
+    for xb, yb in LoaderPipeline(x, y, 256, shuffle=False).epoch(0):
+        host_dp.step(xb, yb)
+    assert_same_params(param_arrays(dev_dp.net), param_arrays(host_dp.net))
+    assert dev_dp.read_metrics()["samples"] == 600
+
+
+def test_metrics_accumulate_on_device_until_read(train_slice):
+    dp = make_dp([mx.cpu(0), mx.cpu(1)])
+    batches = host_batches(train_slice, [200, 56])
+    losses = [float(dp.step(x, y).asscalar()) for x, y in batches]
+    m = dp.read_metrics()
+    assert m["samples"] == 256
+    assert m["loss"] == pytest.approx((losses[0] * 200 + losses[1] * 56) / 256, rel=1e-5)
+    assert 0 <= m["accuracy"] <= 1
+    assert dp.read_metrics()["samples"] == 0
+
+
+def test_evaluate_matches_numpy_argmax(train_slice):
+    dp = make_dp([mx.cpu(0), mx.cpu(1)])
+    (x, y), = host_batches(train_slice, [300])
+    expected = float((dp.net(x).asnumpy().argmax(1) == y.asnumpy()).mean())
+    assert dp.evaluate([(x, y)]) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"kvstore": "nccl"}, "nccl needs GPU devices"),
+    ({"kvstore": "bogus"}, "unknown kvstore"),
+    ({"kvstore": "dist_sync"}, "gluon_gpu.launch"),
+    ({"dtype": "float16"}, "GPU devices only"),
+    ({"dtype": "int8"}, "unknown dtype"),
+])
+def test_gpu_and_launcher_only_options_fail_clearly(monkeypatch, kwargs, message):
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    with pytest.raises(UserError, match=message):
+        check_options([mx.cpu(0)], **kwargs)
+
+
+def test_nccl_on_gpus_needs_an_nccl_build():
+    """The CPU wheel has no NCCL: on GPU contexts the error names the build, not the devices."""
+    if mx.runtime.Features().is_enabled("NCCL"):
+        pytest.skip("this MXNet build has NCCL")
+    with pytest.raises(UserError, match="build with NCCL"):
+        check_options([mx.gpu(0), mx.gpu(1)], kvstore="nccl")
+
+
+def test_float16_accepted_for_gpu_contexts():
+    check_options([mx.gpu(0)], kvstore="device", dtype="float16")

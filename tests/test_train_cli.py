@@ -1,0 +1,201 @@
+"""The train and evaluate CLIs end to end on real FashionMNIST slices, and their errors."""
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import nd
+
+from gluon_gpu import evaluate, load_model, train
+from gluon_gpu.data import load_split, tutorial_transform
+
+from conftest import read_metrics
+
+QUICK = ["--epochs", "1", "--batch-size", "64", "--limit", "12800", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One real epoch (200 batches) on cpu and on cpu*2."""
+    runs = {}
+    for spec in ("cpu", "cpu*2"):
+        out = str(tmp_path_factory.mktemp("run") / "out")
+        assert train.main(["--devices", spec, "--out", out] + QUICK) == 0
+        runs[spec] = out
+    return runs
+
+
+@pytest.mark.parametrize("spec", ["cpu", "cpu*2"])
+def test_one_epoch_learns_on_real_data(trained, spec):
+    out = trained[spec]
+    m = read_metrics(out)
+    assert m["status"] == "finished"
+    assert m["devices"] == (["cpu(0)"] if spec == "cpu" else ["cpu(0)", "cpu(1)"])
+    assert m["mxnet"] == mx.__version__ and m["config"]["devices"] == spec
+    (epoch,) = m["epochs"]
+    assert epoch["val_acc"] > 0.65, epoch  # chance is 0.10
+    assert epoch["train_loss"] < 1.5  # log(10) = 2.30 at chance
+    assert epoch["samples_per_s"] > 0 and epoch["seconds"] > 0
+    with open(os.path.join(out, "curves.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+
+
+def test_loss_falls_over_epochs(tmp_path):
+    out = str(tmp_path / "run")
+    assert train.main(["--devices", "cpu*2", "--out", out, "--epochs", "3", "--limit", "3200",
+                       "--batch-size", "64", "--quiet"]) == 0
+    losses = [e["train_loss"] for e in read_metrics(out)["epochs"]]
+    assert losses[2] < losses[1] < losses[0], losses
+
+
+def test_epoch_line_is_printed(tmp_path, capsys):
+    assert train.main(["--devices", "cpu", "--out", str(tmp_path / "r"), "--epochs", "1",
+                       "--limit", "512", "--quiet"]) == 0
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("epoch")]
+    assert len(lines) == 1
+    for word in ("loss", "train-acc", "val-acc", "samples/s"):
+        assert word in lines[0]
+
+
+def test_loader_pipeline_trains_too(tmp_path):
+    out = str(tmp_path / "r")
+    assert train.main(["--devices", "cpu*2", "--pipeline", "loader", "--num-workers", "0",
+                       "--out", out] + QUICK) == 0
+    assert read_metrics(out)["epochs"][0]["val_acc"] > 0.65
+
+
+def test_saved_params_load_onto_another_context_with_identical_predictions(trained, data_dir):
+    path = os.path.join(trained["cpu*2"], "net.params")
+    test_x, _ = load_split("test", data_dir)
+    x = nd.stack(*[tutorial_transform()(nd.array(im[..., None], dtype="uint8")) for im in test_x[:64]])
+    on_cpu0 = load_model(path, mx.cpu(0))(x).asnumpy()
+    on_cpu1 = load_model(path, mx.cpu(1))(x.as_in_context(mx.cpu(1))).asnumpy()
+    np.testing.assert_array_equal(on_cpu0, on_cpu1)
+    assert (on_cpu0.argmax(1) != 0).any()  # a trained net, not a constant
+
+
+def test_evaluate_cli_reports_the_trained_accuracy(trained, capsys):
+    out = trained["cpu"]
+    assert evaluate.main(["--params", os.path.join(out, "net.params"), "--devices", "cpu*2"]) == 0
+    printed = capsys.readouterr().out
+    acc = float(printed.split("test accuracy ")[1].split()[0])
+    assert acc == pytest.approx(read_metrics(out)["epochs"][0]["val_acc"], abs=1e-4)
+
+
+def _bad_params(tmp_path, kind, good):
+    path = tmp_path / f"{kind}.params"
+    raw = open(good, "rb").read()
+    if kind == "truncated":
+        path.write_bytes(raw[: len(raw) // 2])
+    elif kind == "random":
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "other-arch":
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Dense(7))
+        net.initialize()
+        net(nd.zeros((1, 784)))
+        net.save_parameters(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("missing", "does not exist"),
+    ("truncated", "Invalid NDArray file format"),
+    ("random", "Invalid NDArray file format"),
+    ("empty", "cannot load"),
+    ("other-arch", "is missing in file"),
+])
+def test_evaluate_rejects_bad_parameter_files(trained, tmp_path, capsys, kind, message):
+    path = str(tmp_path / "nope.params") if kind == "missing" else \
+        _bad_params(tmp_path, kind, os.path.join(trained["cpu"], "net.params"))
+    assert evaluate.main(["--params", path, "--devices", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err
+
+
+def test_evaluate_rejects_parameters_of_another_zoo_model(trained, capsys):
+    path = os.path.join(trained["cpu"], "net.params")
+    assert evaluate.main(["--params", path, "--model", "cifar_resnet20_v1", "--devices", "cpu"]) == 2
+    assert "cannot load" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--devices", "gpu"], "has none"),
+    (["--devices", "gpu:3"], "GPU 3 does not exist"),
+    (["--devices", "cpu*x"], "bad device spec"),
+    (["--devices", "cpu*4", "--batch-size", "3"], "smaller than the 4 devices"),
+    (["--epochs", "0"], "--epochs: must be a positive integer"),
+    (["--epochs", "-2"], "--epochs: must be a positive integer"),
+    (["--lr", "0"], "--lr: must be a positive number"),
+    (["--lr", "nan"], "--lr: must be a positive number"),
+    (["--batch-size", "0"], "--batch-size: must be a positive integer"),
+    (["--batch-size", "ten"], "not a whole number"),
+    (["--model", "vgg99"], "invalid choice"),
+    (["--kvstore", "nccl"], "nccl needs GPU devices"),
+    (["--dtype", "float16"], "GPU devices only"),
+    (["--optimizer", "adam", "--momentum", "0.9"], "--momentum applies to sgd"),
+    (["--lr-mode", "step"], "needs --lr-decay-epoch"),
+    (["--data-dir", "/nonexistent/fmnist"], "does not hold the FashionMNIST"),
+])
+def test_train_user_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
+    out = str(tmp_path / "r")
+    code = train.main(["--out", out, "--devices", "cpu", "--limit", "256", "--quiet"] + args)
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert message in err and "Traceback" not in err
+
+
+def test_unwritable_out_fails_before_training(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert train.main(["--out", str(blocker / "run"), "--devices", "cpu", "--quiet"]) == 2
+    assert "cannot write to --out" in capsys.readouterr().err
+
+
+def test_existing_run_is_not_overwritten(trained, capsys):
+    out = trained["cpu"]
+    before = open(os.path.join(out, "net.params"), "rb").read()
+    assert train.main(["--out", out, "--devices", "cpu", "--limit", "256", "--quiet"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert open(os.path.join(out, "net.params"), "rb").read() == before
+
+
+def test_nan_loss_stops_and_keeps_last_good_parameters(tmp_path, capsys):
+    out = str(tmp_path / "r")
+    code = train.main(["--out", out, "--devices", "cpu*2", "--lr", "1e6", "--epochs", "3",
+                       "--limit", "2560", "--quiet", "--log-interval", "1"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert "loss became nan" in err or "loss became inf" in err
+    assert "batch" in err and "net.params" in err
+    m = read_metrics(out)
+    assert m["status"] == "diverged"
+    net = load_model(os.path.join(out, "net.params"), mx.cpu())
+    for p in net.collect_params().values():
+        assert np.isfinite(p.data().asnumpy()).all()
+
+
+def test_cli_as_a_real_process_prints_no_traceback(tmp_path):
+    """The module entry point, as users run it: exit status 2 and one stderr line."""
+    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--devices", "gpu*2",
+                           "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "gluon_gpu.train: error: device spec 'gpu*2' asks for GPUs but this machine has none "
+        "(or MXNet is the CPU wheel); use --devices cpu"]
+
+
+def test_custom_loop_example_runs_and_learns(tmp_path):
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "custom_loop.py")
+    proc = subprocess.run([sys.executable, os.path.abspath(example), "6000"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("epoch 2:") and float(last.split("val-acc ")[1]) > 0.5
+    assert (tmp_path / "custom_loop.params").exists()
