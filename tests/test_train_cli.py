@@ -13,6 +13,7 @@ from gluon_gpu.data import load_split, tutorial_transform
 
 from conftest import read_metrics
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--epochs", "1", "--batch-size", "64", "--limit", "12800", "--quiet"]
 
 
@@ -184,7 +185,8 @@ def test_nan_loss_stops_and_keeps_last_good_parameters(tmp_path, capsys):
 def test_cli_as_a_real_process_prints_no_traceback(tmp_path):
     """The module entry point, as users run it: exit status 2 and one stderr line."""
     proc = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--devices", "gpu*2",
-                           "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+                           "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "gluon_gpu.train: error: device spec 'gpu*2' asks for GPUs but this machine has none "
@@ -193,8 +195,9 @@ def test_cli_as_a_real_process_prints_no_traceback(tmp_path):
 
 def test_custom_loop_example_runs_and_learns(tmp_path):
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "custom_loop.py")
+    env = {**os.environ, "PYTHONPATH": REPO}
     proc = subprocess.run([sys.executable, os.path.abspath(example), "6000"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("epoch 2:") and float(last.split("val-acc ")[1]) > 0.5
