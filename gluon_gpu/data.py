@@ -161,9 +161,10 @@ class DevicePipeline:
     def __len__(self):
         return -(-self.n // self.batch_size)
 
-    def epoch(self, epoch):
+    def epoch(self, epoch, start_batch=0):
+        """Batches of epoch ``epoch``, from batch ``start_batch`` on (to resume mid-epoch)."""
         order = epoch_order(self.n, self.seed, epoch, self.shuffle).astype(np.int32)
-        for start in range(0, self.n, self.batch_size):
+        for start in range(start_batch * self.batch_size, self.n, self.batch_size):
             batch = nd.array(order[start:start + self.batch_size], dtype="int32")
             shards = gluon.utils.split_and_load(batch, self.ctx, even_split=False)
             yield ([im.take(i) for im, i in zip(self._images, shards)],
@@ -174,14 +175,15 @@ class _EpochSampler(gluon.data.Sampler):
     """Batch sampler over :func:`epoch_order`; ``set_epoch`` picks the permutation."""
 
     def __init__(self, n, batch_size, seed, shuffle):
-        self.n, self.batch_size, self.seed, self.shuffle, self.epoch = n, batch_size, seed, shuffle, 0
+        self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
+        self.epoch, self.start_batch = 0, 0
 
-    def set_epoch(self, epoch):
-        self.epoch = epoch
+    def set_epoch(self, epoch, start_batch=0):
+        self.epoch, self.start_batch = epoch, start_batch
 
     def __iter__(self):
         order = epoch_order(self.n, self.seed, self.epoch, self.shuffle)
-        for start in range(0, self.n, self.batch_size):
+        for start in range(self.start_batch * self.batch_size, self.n, self.batch_size):
             yield order[start:start + self.batch_size].tolist()
 
     def __len__(self):
@@ -204,8 +206,8 @@ class LoaderPipeline:
     def __len__(self):
         return len(self._sampler)
 
-    def epoch(self, epoch):
-        self._sampler.set_epoch(epoch)
+    def epoch(self, epoch, start_batch=0):
+        self._sampler.set_epoch(epoch, start_batch)
         return iter(self._loader)
 
 

@@ -1,55 +1,105 @@
-"""The epoch loop: steps, one host sync per log interval, validation, callbacks."""
+"""The epoch loop: steps, one host sync per log interval, validation, callbacks, and the
+two ways a loop stops early: a NaN/inf loss, or a stop request (Ctrl-C, SIGTERM)."""
 import math
 import time
 
+from mxnet import nd
 from tqdm import tqdm
 
 from .errors import DivergedError
 
 
-def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False):
-    """One pass over ``pipeline`` (epoch index ``epoch``, 0-based). Returns
-    ``{'loss', 'accuracy', 'samples', 'seconds'}``; raises DivergedError on a NaN/inf loss.
+class Interrupted(Exception):
+    """A stop was requested; raised after the current batch, with the position reached."""
 
+    def __init__(self, epoch, batch, seconds):
+        super().__init__(f"stopped in epoch {epoch + 1} after batch {batch}")
+        self.epoch, self.batch, self.seconds = epoch, batch, seconds
+
+
+class StopFlag:
+    """Set by a signal handler; the loop checks it between batches."""
+
+    def __init__(self):
+        self.signum = None
+
+    def request(self, signum, _frame=None):
+        self.signum = signum
+
+    def __bool__(self):
+        return self.signum is not None
+
+
+class _NonFiniteWatch:
+    """Remembers, on the device, the first step whose loss was NaN/inf: no host sync per
+    batch, yet the exact step is known at the next read."""
+
+    def __init__(self, ctx):
+        self.first = nd.zeros((1,), ctx=ctx)
+
+    def update(self, loss, step):
+        bad = (loss * 0 != 0)  # 0 for a finite loss, 1 for NaN or +-inf
+        self.first = nd.where(self.first > 0, self.first, bad * step)
+
+    def read(self):
+        return int(self.first.asscalar())
+
+
+def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batch=0,
+                stop=None, seconds_before=0.0):
+    """One pass over ``pipeline`` (epoch index ``epoch``, 0-based), from ``start_batch``.
+
+    Returns ``{'loss', 'accuracy', 'samples', 'seconds'}``. Raises DivergedError naming
+    the step of a NaN/inf loss, or Interrupted after the current batch when ``stop`` is set.
     The loss is read from the devices every ``log_interval`` batches only: that sync
     bounds how far Python runs ahead of the engine and feeds the progress bar.
     """
     batches = len(pipeline)
-    bar = tqdm(total=batches, desc=f"epoch {epoch + 1}", leave=False, disable=not progress,
-               unit="batch", dynamic_ncols=True)
+    watch = _NonFiniteWatch(dp.ctx[0])
+    bar = tqdm(total=batches, initial=start_batch, desc=f"epoch {epoch + 1}", leave=False,
+               disable=not progress, unit="batch", dynamic_ncols=True)
     start = time.perf_counter()
-    done = 0
+    done = start_batch
     with bar:
-        for i, (data, label) in enumerate(pipeline.epoch(epoch), 1):
-            dp.step(data, label)
-            if i % log_interval == 0 or i == batches:
-                loss = dp.read_metrics(reset=False)["loss"]
-                if not math.isfinite(loss):
-                    raise DivergedError(f"loss became {loss} in epoch {epoch + 1} "
-                                        f"between batch {done + 1} and {i}")
+        for i, (data, label) in enumerate(pipeline.epoch(epoch, start_batch), start_batch + 1):
+            watch.update(dp.step(data, label), epoch * batches + i)
+            if i % log_interval == 0 or i == batches or stop:
+                bad_step = watch.read()
+                if bad_step:
+                    raise DivergedError(f"loss became NaN/inf at step {bad_step} "
+                                        f"(epoch {epoch + 1}, batch {bad_step - epoch * batches})")
                 bar.update(i - done)
-                bar.set_postfix(loss=f"{loss:.4f}")
+                bar.set_postfix(loss=f"{dp.read_metrics(reset=False)['loss']:.4f}")
                 done = i
+            if stop and i < batches:
+                raise Interrupted(epoch, i, seconds_before + time.perf_counter() - start)
     metrics = dp.read_metrics()
-    metrics["seconds"] = time.perf_counter() - start
+    metrics["seconds"] = seconds_before + time.perf_counter() - start
     return metrics
 
 
-def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0,
-        log_interval=50, progress=False, history=None):
-    """Train ``epochs`` epochs (from ``start_epoch``) and validate after each.
+def epoch_record(epoch, train, val_acc):
+    return {"epoch": epoch + 1, "train_loss": train["loss"], "train_acc": train["accuracy"],
+            "val_acc": val_acc, "seconds": train["seconds"],
+            "samples_per_s": train["samples"] / train["seconds"]}
+
+
+def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, start_batch=0,
+        log_interval=50, progress=False, history=None, stop=None, seconds_before=0.0):
+    """Train from ``(start_epoch, start_batch)`` to ``epochs`` and validate after each epoch.
 
     Each callback gets ``on_epoch_end(record, history)``; the caller ends the run with
     ``on_train_end``. Returns the history, a list of per-epoch records.
     """
     history = list(history or [])
     for epoch in range(start_epoch, epochs):
-        train = train_epoch(dp, train_pipeline, epoch, log_interval, progress)
-        val_acc = dp.evaluate(val_pipeline.epoch(0))
-        record = {"epoch": epoch + 1, "train_loss": train["loss"], "train_acc": train["accuracy"],
-                  "val_acc": val_acc, "seconds": train["seconds"],
-                  "samples_per_s": train["samples"] / train["seconds"]}
+        train = train_epoch(dp, train_pipeline, epoch, log_interval, progress,
+                            start_batch if epoch == start_epoch else 0, stop,
+                            seconds_before if epoch == start_epoch else 0.0)
+        record = epoch_record(epoch, train, dp.evaluate(val_pipeline.epoch(0)))
         history.append(record)
         for cb in callbacks:
             cb.on_epoch_end(record, history)
+        if stop and epoch + 1 < epochs:
+            raise Interrupted(epoch + 1, 0, 0.0)
     return history

@@ -142,6 +142,21 @@ class DataParallel:
             self.reset_metrics()
         return result
 
+    def metric_state(self):
+        """The running sums behind ``read_metrics``, per device (for checkpoints)."""
+        return {"loss": [float(l.asscalar()) for l in self._loss],
+                "correct": [float(c.asscalar()) for c in self._correct], "samples": self._samples}
+
+    def load_metric_state(self, state):
+        """Restore ``metric_state`` output (onto the first device if the count changed)."""
+        self.reset_metrics()
+        same = len(state["loss"]) == len(self.ctx)
+        for name, arrays in (("loss", self._loss), ("correct", self._correct)):
+            values = state[name] if same else [sum(state[name])] + [0.0] * (len(self.ctx) - 1)
+            for array, value in zip(arrays, values):
+                array[:] = value
+        self._samples = state["samples"]
+
     # -- evaluation -----------------------------------------------------------
     def evaluate(self, batches):
         """Accuracy over an iterable of batches (host batches or per-device shards)."""

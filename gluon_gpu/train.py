@@ -1,6 +1,7 @@
 """python -m gluon_gpu.train: data-parallel training on FashionMNIST (LeNet by default)."""
 import argparse
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -11,18 +12,24 @@ from mxnet import nd
 
 from . import __version__
 from .callbacks import CurvesPlot, EpochPrinter, MetricsFile
-from .checkpoint import ParamSnapshot, save_parameters
+from .checkpoint import (ParamSnapshot, latest_checkpoint, load_checkpoint, save_checkpoint,
+                         save_parameters)
 from .cli import (add_model_flag, check_batch, main_guard, non_negative_float, non_negative_int,
                   parser, positive_float, positive_int, progress_enabled)
 from .data import PIPELINES, find_data_dir, load_split, make_pipeline
 from .devices import describe, devices
 from .errors import DivergedError, UserError
-from .loop import fit
+from .loop import Interrupted, StopFlag, fit
 from .models import INPUT_SHAPE, get_model
 from .parallel import DTYPES, KVSTORES, DataParallel, default_kvstore
 
 OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
+EPOCH_SHAPED_LR = ("cosine", "poly", "linear")  # laid out over --epochs
+# Flags that may differ from the saved configuration when resuming a run.
+RESUME_MAY_CHANGE = {"epochs", "devices", "data_dir", "num_workers", "quiet", "log_interval",
+                     "save_period", "keep", "resume", "dry_run"}
+NOT_CONFIG = {"resume", "dry_run"}
 
 
 def build_parser():
@@ -49,22 +56,63 @@ def build_parser():
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N training samples")
     p.add_argument("--log-interval", type=positive_int, default=50, help="batches between loss reads")
     p.add_argument("--out", default=None, help="run directory (default runs/<timestamp>)")
+    p.add_argument("--save-period", type=positive_int, default=1, help="epochs between checkpoints")
+    p.add_argument("--keep", type=positive_int, default=3, help="checkpoints kept")
+    p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue RUN_DIR from its latest complete checkpoint")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check flags, devices and data, print the plan, train nothing")
     return p
 
 
-def prepare_out_dir(path):
-    """Create the run directory and prove it is writable before any training is done."""
+def explicit_flags(argv):
+    """The destinations the user actually typed (not defaults)."""
+    probe = build_parser()
+    for action in probe._actions:  # pylint: disable=protected-access
+        action.default = argparse.SUPPRESS
+    return vars(probe.parse_args(argv))
+
+
+def resume_config(argv, run_dir):
+    """The saved configuration of ``run_dir`` with the allowed flags of ``argv`` applied."""
+    ckpt_dir, state = latest_checkpoint(run_dir)
+    if state is None:
+        raise UserError(f"--resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints")
+    config = dict(state["config"])
+    for name, value in explicit_flags(argv).items():
+        if name not in RESUME_MAY_CHANGE and config.get(name) != value:
+            flag = "--" + name.replace("_", "-")
+            raise UserError(f"{flag} {value} differs from the run's {config.get(name)}; on --resume only "
+                            + ", ".join("--" + n.replace("_", "-") for n in sorted(RESUME_MAY_CHANGE - NOT_CONFIG))
+                            + " may change")
+        if name == "epochs" and value != config["epochs"] and config["lr_mode"] in EPOCH_SHAPED_LR:
+            raise UserError(f"--epochs cannot change on --resume with --lr-mode {config['lr_mode']}: "
+                            "that schedule is laid out over the run's epochs")
+        config[name] = value
+    config["out"] = run_dir
+    return argparse.Namespace(**{"resume": run_dir, "dry_run": False, **config}), ckpt_dir, state
+
+
+def prepare_out_dir(path, create=True):
+    """Create the run directory and prove it is writable before any training is done;
+    refuse one that already holds a run."""
     path = path or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-    for name in ("net.params", "metrics.json"):
+    for name in ("net.params", "metrics.json", "checkpoints"):
         if os.path.exists(os.path.join(path, name)):
-            raise UserError(f"--out {path} already holds a run ({name}); choose another directory")
+            raise UserError(f"--out {path} already holds a run ({name}); choose another directory "
+                            "or continue it with --resume")
+    if create:
+        check_writable(path)
+    return path
+
+
+def check_writable(path):
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as e:
-        raise UserError(f"cannot write to --out {path}: {e.strerror or e}") from None
-    return path
+        raise UserError(f"cannot write to run directory {path}: {e.strerror or e}") from None
 
 
 def optimizer_params(args, iters_per_epoch):
@@ -74,6 +122,8 @@ def optimizer_params(args, iters_per_epoch):
     elif args.momentum:
         raise UserError(f"--momentum applies to sgd and nag, not {args.optimizer}")
     if args.lr_mode != "constant":
+        if args.epochs * iters_per_epoch < 2:
+            raise UserError(f"--lr-mode {args.lr_mode} needs at least 2 updates (epochs x batches)")
         from gluoncv.utils import LRScheduler
         steps = _epochs_list(args.lr_decay_epoch) if args.lr_mode == "step" else None
         params["lr_scheduler"] = LRScheduler(args.lr_mode, base_lr=args.lr, nepochs=args.epochs,
@@ -113,47 +163,31 @@ def build(args, ctx):
     return dp, train, val, data_dir
 
 
-@main_guard("gluon_gpu.train")
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    with devices(args.devices) as ctx:
-        check_batch(args.batch_size, ctx)
-        out = prepare_out_dir(args.out)
-        dp, train, val, data_dir = build(args, ctx)
-        print(f"gluon_gpu {__version__} | {args.model} on {describe(ctx)} | kvstore "
-              f"{args.kvstore or default_kvstore(ctx)} | batch {args.batch_size} "
-              f"({args.batch_size // len(ctx)}+ per device) | {train.n} samples "
-              f"from {data_dir} | out {out}", flush=True)
-        header = {"config": {**vars(args), "out": out}, "devices": [str(c) for c in ctx],
-                  "mxnet": mx.__version__, "gluon_gpu": __version__, "data_dir": data_dir}
-        metrics = MetricsFile(os.path.join(out, "metrics.json"), header)
-        callbacks = [EpochPrinter(args.epochs, lambda line: print(line, flush=True)), metrics,
-                     CurvesPlot(os.path.join(out, "curves.png"))]
-        last_good = _KeepLastGood(dp.net)
-        history = []
-        try:
-            history = fit(dp, train, val, args.epochs, callbacks + [last_good],
-                          log_interval=args.log_interval, progress=progress_enabled(args),
-                          history=history)
-        except DivergedError as e:
-            history = metrics_history(out)
-            last_good.snapshot.save(os.path.join(out, "net.params"))
-            for cb in callbacks:
-                cb.on_train_end(history, "diverged")
-            raise DivergedError(f"{e}; kept the parameters of {last_good.describe()} in "
-                                f"{out}/net.params; try a lower --lr") from None
-        save_parameters(dp.net, os.path.join(out, "net.params"))
-        for cb in callbacks:
-            cb.on_train_end(history, "finished")
-    print(f"saved {out}/net.params, {out}/metrics.json, {out}/curves.png")
-    return 0
+class Checkpointer:
+    """Callback: a checkpoint every ``period`` epochs and at the end (see checkpoint.py)."""
+
+    def __init__(self, out, dp, batches_per_epoch, config, period, keep):
+        self.out, self.dp, self.batches, self.config = out, dp, batches_per_epoch, config
+        self.period, self.keep = period, keep
+        self.last = None
+
+    def save(self, epoch, batch, history, seconds=0.0):
+        state = {"step": epoch * self.batches + batch, "epoch": epoch, "batch": batch,
+                 "seconds": seconds, "metrics": self.dp.metric_state(), "history": history,
+                 "config": self.config}
+        self.last = save_checkpoint(self.out, self.dp, state, self.keep)
+        return self.last
+
+    def on_epoch_end(self, record, history):
+        if record["epoch"] % self.period == 0 or record["epoch"] == self.config["epochs"]:
+            self.save(record["epoch"], 0, history)
 
 
 class _KeepLastGood:
     """Callback: a host snapshot of the parameters after every finished epoch."""
 
-    def __init__(self, net):
-        self.net, self.epoch = net, 0
+    def __init__(self, net, epoch):
+        self.net, self.epoch = net, epoch
         self.snapshot = ParamSnapshot(net)
 
     def on_epoch_end(self, record, history):
@@ -163,13 +197,95 @@ class _KeepLastGood:
         return f"epoch {self.epoch}" if self.epoch else "the initialization (no epoch finished)"
 
 
-def metrics_history(out):
+def _stop_on_signals(stop):
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop.request)
+
+
+@main_guard("gluon_gpu.train")
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    ckpt_dir = state = None
+    if args.resume:
+        args, ckpt_dir, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
+    with devices(args.devices) as ctx:
+        check_batch(args.batch_size, ctx)
+        out = args.out if args.resume else prepare_out_dir(args.out, create=not args.dry_run)
+        if args.resume:
+            check_writable(out)
+        dp, train, val, data_dir = build(args, ctx)
+        print(f"gluon_gpu {__version__} | {args.model} on {describe(ctx)} | kvstore "
+              f"{args.kvstore or default_kvstore(ctx)} | batch {args.batch_size} "
+              f"({args.batch_size // len(ctx)}+ per device) | {train.n} samples "
+              f"from {data_dir} | out {out}", flush=True)
+        if args.dry_run:
+            return 0
+        start_epoch = start_batch = 0
+        seconds_before, history = 0.0, []
+        if state is not None:
+            load_checkpoint(ckpt_dir, dp)
+            dp.load_metric_state(state["metrics"])
+            start_epoch, start_batch = state["epoch"], state["batch"]
+            seconds_before, history = state["seconds"], state["history"]
+            if start_epoch >= args.epochs:
+                print(f"{out} already finished {start_epoch} epochs; pass --epochs N to train more")
+                return 0
+            print(f"resuming from {ckpt_dir} (epoch {start_epoch + 1}, batch {start_batch + 1})")
+        return _train(args, ctx, out, dp, train, val, data_dir, history,
+                      start_epoch, start_batch, seconds_before)
+
+
+def _train(args, ctx, out, dp, train, val, data_dir, history, start_epoch, start_batch, seconds_before):
+    config = {k: v for k, v in vars(args).items() if k not in NOT_CONFIG}
+    header = {"config": config, "devices": [str(c) for c in ctx],
+              "mxnet": mx.__version__, "gluon_gpu": __version__, "data_dir": data_dir}
+    callbacks = [EpochPrinter(args.epochs, lambda line: print(line, flush=True)),
+                 MetricsFile(os.path.join(out, "metrics.json"), header),
+                 CurvesPlot(os.path.join(out, "curves.png"))]
+    checkpointer = Checkpointer(out, dp, len(train), config, args.save_period, args.keep)
+    last_good = _KeepLastGood(dp.net, start_epoch)
+    stop = StopFlag()
+    _stop_on_signals(stop)
+    status = "finished"
+    try:
+        history = fit(dp, train, val, args.epochs, callbacks + [checkpointer, last_good],
+                      start_epoch, start_batch, args.log_interval, progress_enabled(args),
+                      history, stop, seconds_before)
+    except Interrupted as e:
+        history, status = _metrics_history(out, history), "interrupted"
+        where = checkpointer.save(e.epoch, e.batch, history, e.seconds)
+        for cb in callbacks:
+            cb.on_train_end(history, status)
+        name = signal.Signals(stop.signum).name
+        print(f"gluon_gpu.train: {name}: stopped in epoch {e.epoch + 1} after batch {e.batch}; "
+              f"checkpoint {where}; resume with: python -m gluon_gpu.train --resume {out}",
+              file=sys.stderr)
+        return 128 + stop.signum
+    except DivergedError as e:
+        history = _metrics_history(out, history)
+        last_good.snapshot.save(os.path.join(out, "net.params"))
+        for cb in callbacks:
+            cb.on_train_end(history, "diverged")
+        kept = f"; last good checkpoint {checkpointer.last}" if checkpointer.last else ""
+        raise DivergedError(f"{e}; kept the parameters of {last_good.describe()} in "
+                            f"{out}/net.params{kept}; try a lower --lr") from None
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    save_parameters(dp.net, os.path.join(out, "net.params"))
+    for cb in callbacks:
+        cb.on_train_end(history, status)
+    print(f"saved {out}/net.params, {out}/metrics.json, {out}/curves.png, checkpoints in {out}/checkpoints")
+    return 0
+
+
+def _metrics_history(out, fallback):
     import json
     try:
         with open(os.path.join(out, "metrics.json")) as f:
             return json.load(f)["epochs"]
     except (OSError, ValueError, KeyError):
-        return []
+        return fallback
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def test_unwritable_out_fails_before_training(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert train.main(["--out", str(blocker / "run"), "--devices", "cpu", "--quiet"]) == 2
-    assert "cannot write to --out" in capsys.readouterr().err
+    assert "cannot write to run directory" in capsys.readouterr().err
 
 
 def test_existing_run_is_not_overwritten(trained, capsys):
@@ -167,19 +167,24 @@ def test_existing_run_is_not_overwritten(trained, capsys):
     assert open(os.path.join(out, "net.params"), "rb").read() == before
 
 
-def test_nan_loss_stops_and_keeps_last_good_parameters(tmp_path, capsys):
-    out = str(tmp_path / "r")
-    code = train.main(["--out", out, "--devices", "cpu*2", "--lr", "1e6", "--epochs", "3",
-                       "--limit", "2560", "--quiet", "--log-interval", "1"])
-    assert code == 2
-    err = capsys.readouterr().err.strip()
-    assert "loss became nan" in err or "loss became inf" in err
-    assert "batch" in err and "net.params" in err
-    m = read_metrics(out)
-    assert m["status"] == "diverged"
-    net = load_model(os.path.join(out, "net.params"), mx.cpu())
-    for p in net.collect_params().values():
-        assert np.isfinite(p.data().asnumpy()).all()
+def test_nan_loss_stops_names_the_step_and_keeps_last_good_parameters(tmp_path, capsys):
+    """--lr 1e6 diverges; the step is found on the device, so any log interval names the same one."""
+    steps = []
+    for interval in ("1", "50"):
+        out = str(tmp_path / interval)
+        code = train.main(["--out", out, "--devices", "cpu*2", "--lr", "1e6", "--epochs", "3",
+                           "--limit", "2560", "--quiet", "--log-interval", interval])
+        assert code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "loss became NaN/inf at step " in err, err
+        assert "net.params" in err and "lower --lr" in err
+        steps.append(int(err.split("at step ")[1].split()[0]))
+        m = read_metrics(out)
+        assert m["status"] == "diverged"
+        net = load_model(os.path.join(out, "net.params"), mx.cpu())
+        for p in net.collect_params().values():
+            assert np.isfinite(p.data().asnumpy()).all()
+    assert steps[0] == steps[1] >= 1
 
 
 def test_cli_as_a_real_process_prints_no_traceback(tmp_path):

@@ -1,0 +1,205 @@
+"""Checkpoints, exact resume, and runs that survive Ctrl-C, SIGTERM and kill -9."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from gluon_gpu import train
+from gluon_gpu.checkpoint import latest_checkpoint
+
+from conftest import read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--devices", "cpu", "--limit", "1280", "--batch-size", "64", "--quiet",
+         "--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.05", "--lr-mode", "step",
+         "--lr-decay-epoch", "3", "--lr-decay", "0.5"]
+TIMING = ("seconds", "samples_per_s")
+
+
+def params_of(path):
+    return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+
+
+def assert_same_run(a, b):
+    pa, pb = params_of(os.path.join(a, "net.params")), params_of(os.path.join(b, "net.params"))
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        np.testing.assert_allclose(pa[k], pb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    ea, eb = read_metrics(a)["epochs"], read_metrics(b)["epochs"]
+    assert len(ea) == len(eb)
+    for ra, rb in zip(ea, eb):
+        assert {k: v for k, v in ra.items() if k not in TIMING} == \
+            pytest.approx({k: v for k, v in rb.items() if k not in TIMING}, rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The reference: 4 epochs in one go."""
+    out = str(tmp_path_factory.mktemp("straight") / "run")
+    assert train.main(SMALL + ["--epochs", "4", "--out", out]) == 0
+    return out
+
+
+def test_stop_and_resume_equals_straight_training(straight, tmp_path):
+    out = str(tmp_path / "run")
+    assert train.main(SMALL + ["--epochs", "2", "--out", out]) == 0
+    assert read_metrics(out)["config"]["epochs"] == 2
+    assert train.main(["--resume", out, "--epochs", "4", "--quiet"]) == 0
+    assert_same_run(straight, out)
+    m = read_metrics(out)
+    assert m["status"] == "finished" and m["config"]["epochs"] == 4
+
+
+def test_checkpoint_holds_everything_to_resume(straight):
+    directory, state = latest_checkpoint(straight)
+    assert os.path.basename(directory) == "step-00000080"  # 4 epochs x 20 batches
+    assert sorted(os.listdir(directory)) == ["net.params", "state.json", "trainer.states"]
+    assert state["epoch"] == 4 and state["batch"] == 0 and len(state["history"]) == 4
+    assert state["config"]["lr"] == 0.05 and state["config"]["momentum"] == 0.9
+    with open(os.path.join(straight, "checkpoints", "latest")) as f:
+        assert f.read().strip() == "step-00000080"
+
+
+def test_keep_prunes_old_checkpoints(tmp_path):
+    out = str(tmp_path / "run")
+    assert train.main(SMALL + ["--epochs", "4", "--keep", "2", "--limit", "256", "--out", out]) == 0
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["latest", "step-00000012", "step-00000016"]
+
+
+def test_save_period(tmp_path):
+    out = str(tmp_path / "run")
+    assert train.main(SMALL + ["--epochs", "5", "--save-period", "2", "--keep", "9",
+                               "--limit", "256", "--out", out]) == 0
+    names = sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("step"))
+    assert names == ["step-00000008", "step-00000016", "step-00000020"]  # epochs 2, 4 and the end
+
+
+def test_resume_refuses_changed_flags_and_missing_checkpoints(straight, tmp_path, capsys):
+    before = {n: os.path.getmtime(os.path.join(straight, n)) for n in os.listdir(straight)}
+    assert train.main(["--resume", straight, "--lr", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--lr 0.5 differs from the run's 0.05" in err and "--epochs" in err
+    assert train.main(["--resume", str(tmp_path)]) == 2
+    assert "no complete checkpoint" in capsys.readouterr().err
+    cosine = str(tmp_path / "cosine")
+    assert train.main(SMALL + ["--epochs", "1", "--limit", "128", "--lr-mode", "cosine", "--out", cosine]) == 0
+    assert train.main(["--resume", cosine, "--epochs", "3"]) == 2
+    assert "laid out over the run's epochs" in capsys.readouterr().err
+    assert train.main(["--resume", straight, "--quiet"]) == 0  # already finished: nothing to do
+    assert "already finished 4 epochs" in capsys.readouterr().out
+    assert {n: os.path.getmtime(os.path.join(straight, n)) for n in os.listdir(straight)} == before
+
+
+# -- real processes, real signals ------------------------------------------------------
+
+def start(args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "gluon_gpu.train"] + args, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": REPO, **(env or {})})
+
+
+def wait_for(predicate, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def checkpoint_names(out, hidden=False):
+    try:
+        names = os.listdir(os.path.join(out, "checkpoints"))
+    except OSError:
+        return []
+    return sorted(n for n in names if n.startswith(".step-" if hidden else "step-"))
+
+
+LONGER = SMALL + ["--limit", "6400", "--epochs", "2"]  # 100 batches an epoch
+
+
+@pytest.fixture(scope="module")
+def straight_longer(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("straight") / "run")
+    assert train.main(LONGER + ["--out", out]) == 0
+    return out
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_checkpoints_mid_epoch_and_resume_is_exact(straight_longer, tmp_path, signum, code):
+    out = str(tmp_path / "run")
+    proc = start(LONGER + ["--out", out, "--log-interval", "1"],
+                 {"GLUON_GPU_CHECKPOINT_PAUSE": "0.5"})  # the signal lands after that write
+    wait_for(lambda: len(checkpoint_names(out)) >= 1)  # epoch 1 is done, epoch 2 under way
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert "resume with: python -m gluon_gpu.train --resume " + out in err
+    assert "Traceback" not in err
+    _, state = latest_checkpoint(out)
+    assert state["epoch"] == 1 and state["batch"] > 0, state  # stopped inside epoch 2
+    assert state["metrics"]["samples"] == state["batch"] * 64
+    assert read_metrics(out)["status"] == "interrupted"
+    assert train.main(["--resume", out, "--quiet"]) == 0
+    assert_same_run(straight_longer, out)
+
+
+def test_kill_9_during_the_first_checkpoint_write(tmp_path):
+    out = str(tmp_path / "run")
+    proc = start(SMALL + ["--epochs", "4", "--out", out], {"GLUON_GPU_CHECKPOINT_PAUSE": "60"})
+    wait_for(lambda: checkpoint_names(out, hidden=True))
+    proc.kill()
+    proc.wait()
+    assert checkpoint_names(out) == [] and latest_checkpoint(out) == (None, None)
+    assert train.main(["--resume", out]) == 2  # nothing to resume: a clear error, not a crash
+
+
+def test_kill_9_at_any_moment_leaves_a_resumable_run(straight, tmp_path):
+    """kill -9 mid-training, inside a checkpoint write (a pause is injected there) and at
+    an arbitrary moment: each time the previous complete checkpoint loads and training
+    resumes, and the run that finally finishes equals the straight one."""
+    out = str(tmp_path / "run")
+    proc = start(SMALL + ["--epochs", "4", "--out", out])
+    wait_for(lambda: checkpoint_names(out))
+    proc.kill()
+    proc.wait()
+    assert_loadable(out)
+
+    proc = start(["--resume", out, "--quiet"], {"GLUON_GPU_CHECKPOINT_PAUSE": "60"})
+    wait_for(lambda: checkpoint_names(out, hidden=True))  # inside the next checkpoint write
+    complete_before = checkpoint_names(out)
+    proc.kill()
+    proc.wait()
+    assert checkpoint_names(out, hidden=True), "the kill landed inside the write"
+    assert checkpoint_names(out) == complete_before
+    assert_loadable(out)
+
+    proc = start(["--resume", out, "--quiet"])
+    time.sleep(3.5)  # an arbitrary moment
+    proc.kill()
+    proc.wait()
+    assert_loadable(out)
+
+    for _ in range(5):
+        if read_metrics(out)["status"] == "finished":
+            break
+        proc = start(["--resume", out, "--quiet"])
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+    assert read_metrics(out)["status"] == "finished"
+    assert checkpoint_names(out, hidden=True) == []  # temporaries of killed writes cleaned
+    assert_same_run(straight, out)
+
+
+def assert_loadable(out):
+    directory, state = latest_checkpoint(out)
+    assert state is not None and state["epoch"] >= 1
+    assert set(mx.nd.load(os.path.join(directory, "net.params"))) >= {"0.weight", "7.bias"}
+    with open(os.path.join(directory, "state.json")) as f:
+        assert json.load(f)["complete"] is True
