@@ -25,5 +25,6 @@ setup(
     entry_points={"console_scripts": [
         "gluon-gpu-train=gluon_gpu.train:main",
         "gluon-gpu-evaluate=gluon_gpu.evaluate:main",
+        "gluon-gpu-predict=gluon_gpu.predict:main",
     ]},
 )

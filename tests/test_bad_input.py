@@ -1,0 +1,205 @@
+"""Bad input, tried for real: each case is one clear stderr line and exit status 2,
+never a traceback, and never a change to an existing run directory."""
+import gzip
+import hashlib
+import os
+import struct
+
+import mxnet as mx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from PIL import Image
+
+from gluon_gpu import evaluate, predict, train
+from gluon_gpu.data import DEBIAN_DIR, FILES
+from gluon_gpu.models import get_model, INPUT_SHAPE
+
+TEST_IMAGES = os.path.join(DEBIAN_DIR, "t10k-images-idx3-ubyte.gz")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("run") / "run")
+    assert train.main(["--devices", "cpu", "--epochs", "1", "--limit", "2560", "--quiet", "--out", out]) == 0
+    return out
+
+
+def snapshot(directory):
+    digests = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                digests[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
+    return digests
+
+
+def make_case(kind, tmp, good_params):
+    """Return (command module, argv) for one kind of bad input."""
+    p = str(tmp / kind)
+    raw = open(good_params, "rb").read()
+    if kind == "params-truncated":
+        open(p, "wb").write(raw[: len(raw) * 2 // 3])
+        return predict, ["--params", p, "--idx", TEST_IMAGES]
+    if kind == "params-random-bytes":
+        open(p, "wb").write(np.random.default_rng(1).bytes(len(raw)))
+        return evaluate, ["--params", p]
+    if kind == "params-missing":
+        return evaluate, ["--params", p]
+    if kind == "params-of-another-model":
+        net = get_model("cifar_resnet20_v1")
+        net.initialize()
+        net(mx.nd.zeros(INPUT_SHAPE))
+        net.save_parameters(p)
+        return predict, ["--params", p, "--model", "lenet", "--idx", TEST_IMAGES]
+    if kind == "params-as-another-model":
+        return evaluate, ["--params", good_params, "--model", "cifar_resnet20_v1"]
+    if kind == "image-not-an-image":
+        open(p, "w").write("just text\n")
+        return predict, ["--params", good_params, p]
+    if kind == "image-empty-file":
+        open(p, "wb").close()
+        return predict, ["--params", good_params, p]
+    if kind == "image-1x1":
+        Image.new("L", (1, 1)).save(p + ".png")
+        return predict, ["--params", good_params, p + ".png"]
+    if kind == "image-truncated-png":
+        Image.fromarray(np.zeros((64, 64), np.uint8) + 200).save(p + ".png")
+        data = open(p + ".png", "rb").read()
+        open(p + ".png", "wb").write(data[: len(data) // 2])
+        return predict, ["--params", good_params, p + ".png"]
+    if kind == "image-missing":
+        return predict, ["--params", good_params, p + ".png"]
+    if kind in ("idx-wrong-magic", "idx-wrong-count"):
+        images = np.zeros((3, 28, 28), np.uint8)
+        magic, count = (0x0801, 3) if kind == "idx-wrong-magic" else (0x0803, 4)
+        with gzip.open(p + ".gz", "wb") as f:
+            f.write(struct.pack(">IIII", magic, count, 28, 28) + images.tobytes())
+        return predict, ["--params", good_params, "--idx", p + ".gz"]
+    if kind == "idx-index-out-of-range":
+        return predict, ["--params", good_params, "--idx", TEST_IMAGES, "--index", "10000:10005"]
+    if kind == "data-dir-corrupt-idx":
+        os.makedirs(p)
+        for name in FILES["train"]:
+            with gzip.open(os.path.join(p, name + ".gz"), "wb") as f:
+                f.write(b"\x00\x00\x08\x03garbage")
+        return train, ["--data-dir", p, "--devices", "cpu", "--out", str(tmp / "out-corrupt")]
+    if kind == "out-unwritable":
+        open(p, "w").write("a file, not a directory")
+        return train, ["--out", os.path.join(p, "run"), "--devices", "cpu", "--limit", "64"]
+    raise AssertionError(kind)
+
+
+CASES = {
+    "params-truncated": "Invalid NDArray file format",
+    "params-random-bytes": "Invalid NDArray file format",
+    "params-missing": "does not exist",
+    "params-of-another-model": "is missing in file",
+    "params-as-another-model": "cannot load",
+    "image-not-an-image": "not an image Pillow can read",
+    "image-empty-file": "not an image Pillow can read",
+    "image-1x1": "image is 1x1",
+    "image-truncated-png": "image-truncated-png.png:",
+    "image-missing": "no such file",
+    "idx-wrong-magic": "magic",
+    "idx-wrong-count": "truncated or corrupt",
+    "idx-index-out-of-range": "selects nothing",
+    "data-dir-corrupt-idx": "not an IDX file",
+    "out-unwritable": "cannot write to run directory",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_bad_input_is_one_line_and_exit_2(kind, run_dir, tmp_path, capsys):
+    before = snapshot(run_dir)
+    module, argv = make_case(kind, tmp_path, os.path.join(run_dir, "net.params"))
+    assert module.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert CASES[kind] in err and "Traceback" not in err, err
+    assert err.startswith(module.__name__ + ": error: ")
+    assert snapshot(run_dir) == before
+
+
+def test_commands_aimed_at_an_existing_run_leave_it_intact(run_dir, capsys):
+    before = snapshot(run_dir)
+    for argv in (["--out", run_dir, "--devices", "cpu"],
+                 ["--resume", run_dir, "--model", "cifar_resnet20_v1"],
+                 ["--resume", run_dir, "--devices", "gpu"],
+                 ["--resume", run_dir, "--batch-size", "7"],
+                 ["--out", run_dir, "--dry-run"]):
+        assert train.main(argv) == 2, argv
+    assert snapshot(run_dir) == before
+    capsys.readouterr()
+
+
+def test_prediction_works_and_json_is_machine_readable(run_dir, tmp_path, capsys):
+    import json
+    img = tmp_path / "bag.png"
+    Image.fromarray(np.full((40, 30), 128, np.uint8)).convert("RGB").save(img)
+    assert predict.main(["--params", os.path.join(run_dir, "net.params"), "--json", str(img),
+                         str(img)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["input"] for r in out] == [str(img)] * 2
+    assert abs(sum(out[0]["probabilities"]) - 1) < 1e-4
+    assert out[0]["probabilities"] == out[1]["probabilities"]
+
+
+def test_idx_prediction_matches_validation_accuracy(run_dir, capsys):
+    """Predicting the whole test set gives the accuracy training measured: the CLI's
+    preprocessing is exactly training's."""
+    from gluon_gpu.data import CLASSES, load_split
+    from conftest import read_metrics
+    assert predict.main(["--params", os.path.join(run_dir, "net.params"), "--idx", TEST_IMAGES,
+                         "--index", ":", "--devices", "cpu*2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 10000
+    _, labels = load_split("test", DEBIAN_DIR)
+    predicted = [CLASSES.index(l.split(": ", 1)[1].rsplit(" (", 1)[0]) for l in lines]
+    accuracy = np.mean(np.array(predicted) == labels)
+    assert accuracy == pytest.approx(read_metrics(run_dir)["epochs"][-1]["val_acc"], abs=1e-4)
+    assert accuracy > 0.3  # chance is 0.1
+
+
+def test_dry_run_checks_everything_and_trains_nothing(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert train.main(["--dry-run", "--devices", "cpu*2", "--out", str(out)]) == 0
+    assert "lenet on cpu(0), cpu(1)" in capsys.readouterr().out
+    assert not out.exists()
+
+
+# -- fuzzed flags ----------------------------------------------------------------------
+values = st.one_of(st.integers(-3, 5).map(str), st.floats(allow_nan=True, allow_infinity=True).map(str),
+                   st.sampled_from(["", "abc", "cpu", "gpu", "cpu*2", "gpu:0", "cpu*0", "1e9", "-0",
+                                    "nan", "0x10", "1,2", "3:", "cpu*99999"]),
+                   st.text(max_size=6))
+flags = st.sampled_from(["--epochs", "--lr", "--batch-size", "--devices", "--momentum", "--wd",
+                         "--limit", "--optimizer", "--lr-mode", "--lr-decay-epoch", "--log-interval",
+                         "--kvstore", "--dtype", "--seed", "--model", "--keep", "--save-period"])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(flags, values), min_size=1, max_size=3))
+def test_fuzzed_train_flags_never_crash(tmp_path, capsys, pairs):
+    argv = ["--dry-run", "--out", str(tmp_path / "fuzz"), "--devices", "cpu"]
+    for flag, value in pairs:
+        argv += [flag, value]
+    code = train.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code in (0, 2), (argv, err)
+    assert "Traceback" not in err
+    if code == 2:
+        assert len(err.splitlines()) == 1 and err.startswith("gluon_gpu.train: error: "), err
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.text(max_size=8), st.from_regex(r"-?\d{0,6}:-?\d{0,6}", fullmatch=True)))
+def test_fuzzed_predict_index_never_crashes(run_dir, capsys, index):
+    code = predict.main(["--params", os.path.join(run_dir, "net.params"), "--idx", TEST_IMAGES,
+                         "--index", index, "--json"])
+    captured = capsys.readouterr()
+    assert code in (0, 2)
+    assert "Traceback" not in captured.err
+    if code == 2:
+        assert len(captured.err.strip().splitlines()) == 1
