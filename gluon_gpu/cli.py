@@ -49,17 +49,22 @@ def _number(kind, text):
         raise argparse.ArgumentTypeError(f"not a {'whole ' if kind is int else ''}number: {text!r}") from None
 
 
-def parser(prog, description):
-    """A parser with the flags every gluon_gpu command takes."""
+def parser(prog, description, several_devices=False):
+    """A parser with the flags every gluon_gpu command takes (``several_devices``:
+    --devices takes a list of specs, for commands that compare them)."""
     p = Parser(prog=prog, description=description,
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--devices", default="all",
-                   help="device spec: all, cpu, cpu*N, gpu, gpu*N, gpu:I,J")
+    p.add_argument("--devices", default=None if several_devices else "all",
+                   nargs="+" if several_devices else None,
+                   help="device spec: all, cpu, cpu*N, gpu, gpu*N, gpu:I,J"
+                        + (" (several to compare)" if several_devices else ""))
     p.add_argument("--batch-size", type=positive_int, default=256,
                    help="global batch size, split over the devices")
     p.add_argument("--data-dir", default=None,
                    help="directory with the FashionMNIST IDX .gz files "
                         "(default: $GLUON_GPU_DATA, the MXNet cache, Debian's dataset-fashion-mnist)")
+    p.add_argument("--omp-threads", type=non_negative_int, default=0,
+                   help="OpenMP threads per CPU operator (0: cores / CPU contexts)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

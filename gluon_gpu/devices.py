@@ -13,6 +13,8 @@ MXNet gives each ``mx.cpu(i)`` its own engine queue, so ``cpu*N`` runs exactly t
 multi-device code path a multi-GPU box runs; that is how it is tested without GPUs.
 """
 import contextlib
+import ctypes
+import os
 import re
 
 import mxnet as mx
@@ -72,13 +74,25 @@ def describe(ctx):
     return ", ".join(str(c) for c in ctx)
 
 
+def set_cpu_threads(ctx, requested=0):
+    """OpenMP threads per CPU operator: ``requested``, or by default the cores shared out
+    over the CPU contexts, so ``cpu*2`` on 2 cores runs 2 x 1 threads instead of
+    oversubscribing 2 x 2. Returns the number set."""
+    cpu_contexts = sum(c.device_type == "cpu" for c in ctx) or 1
+    threads = requested or max(1, (os.cpu_count() or 1) // cpu_contexts)
+    mx.base._LIB.MXSetNumOMPThreads(ctypes.c_int(threads))  # pylint: disable=protected-access
+    return threads
+
+
 @contextlib.contextmanager
-def devices(spec="all"):
-    """``with devices("gpu*2") as ctx:`` yields the device list.
+def devices(spec="all", omp_threads=0):
+    """``with devices("gpu*2") as ctx:`` yields the device list (and sets the OpenMP
+    threads per CPU context, see :func:`set_cpu_threads`).
 
     On exit it waits for the asynchronous engine, so an error raised by queued device
     work surfaces inside the ``with`` block instead of at some later sync point.
     """
     ctx = parse_devices(spec)
+    set_cpu_threads(ctx, omp_threads)
     yield ctx
     mx.nd.waitall()

@@ -27,7 +27,7 @@ def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     model = args.model or model_name_beside(args.params)
-    with devices(args.devices) as ctx:
+    with devices(args.devices, args.omp_threads) as ctx:
         check_batch(args.batch_size, ctx)
         acc = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size)
     print(f"{args.params}: {model} test accuracy {acc:.4f} on {describe(ctx)} (10000 images)")

@@ -95,7 +95,7 @@ def main(argv=None):
     names, images = _inputs(args)
     spec = args.devices or ("gpu:0" if gpu_count() else "cpu")
     model = args.model or model_name_beside(args.params)
-    with devices(spec) as ctx:
+    with devices(spec, args.omp_threads) as ctx:
         probs = predict(load_model(args.params, ctx, model), images, ctx)
     results = [{"input": name, "class": CLASSES[int(p.argmax())], "index": int(p.argmax()),
                 "probability": float(p.max()), "probabilities": [float(v) for v in p]}

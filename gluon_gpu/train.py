@@ -27,7 +27,7 @@ OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
 EPOCH_SHAPED_LR = ("cosine", "poly", "linear")  # laid out over --epochs
 # Flags that may differ from the saved configuration when resuming a run.
-RESUME_MAY_CHANGE = {"epochs", "devices", "data_dir", "num_workers", "quiet", "log_interval",
+RESUME_MAY_CHANGE = {"epochs", "devices", "data_dir", "num_workers", "omp_threads", "quiet", "log_interval",
                      "save_period", "keep", "resume", "dry_run"}
 NOT_CONFIG = {"resume", "dry_run"}
 
@@ -208,7 +208,7 @@ def main(argv=None):
     ckpt_dir = state = None
     if args.resume:
         args, ckpt_dir, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
-    with devices(args.devices) as ctx:
+    with devices(args.devices, args.omp_threads) as ctx:
         check_batch(args.batch_size, ctx)
         out = args.out if args.resume else prepare_out_dir(args.out, create=not args.dry_run)
         if args.resume:

@@ -1,0 +1,242 @@
+"""python -m gluon_gpu.bench: real training epochs per device spec, timed side by side.
+
+For each ``--devices`` spec it trains ``--epochs`` epochs ``--repeats`` times and reports
+the first epoch apart (it includes graph building), the median of the others, samples/s,
+speedup over the first spec and scaling efficiency (speedup / device count). With
+``--baseline tutorial`` the MXNet tutorial's loop is timed in the same invocation and
+every spec gets the ratio tutorial epoch / our epoch. Writes a table to stdout,
+``OUT/bench.json`` and ``OUT/scaling.png``.
+"""
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import mxnet as mx
+from mxnet import nd
+from tqdm import tqdm
+
+from . import __version__, tutorial_loop
+from .checkpoint import atomic_write, write_json
+from .cli import add_model_flag, main_guard, non_negative_int, parser, positive_int, progress_enabled
+from .data import PIPELINES, find_data_dir, load_split
+from .devices import gpu_count, parse_devices, set_cpu_threads
+from .loop import train_epoch
+from .models import INPUT_SHAPE, get_model
+from . import train
+
+
+def build_parser():
+    p = parser("gluon_gpu.bench", __doc__, several_devices=True)
+    add_model_flag(p)
+    p.add_argument("--epochs", type=positive_int, default=3, help="epochs per run (the first is reported apart)")
+    p.add_argument("--repeats", type=positive_int, default=1, help="runs per spec; medians pool them")
+    p.add_argument("--baseline", choices=("tutorial", "none"), default="tutorial")
+    p.add_argument("--pipeline", default="device", choices=PIPELINES)
+    p.add_argument("--num-workers", type=non_negative_int, default=4, help="DataLoader workers (loader, tutorial)")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N training samples only")
+    p.add_argument("--out", default="bench-out", help="directory for bench.json and scaling.png")
+    return p
+
+
+def default_specs():
+    n = gpu_count()
+    return [f"gpu*{k}" for k in _powers_of_two(n)] + ["cpu"] if n else ["cpu", "cpu*2"]
+
+
+def _powers_of_two(n):
+    k, out = 1, []
+    while k <= n:
+        out.append(k)
+        k *= 2
+    return out + ([n] if out[-1] != n else [])
+
+
+def time_ours(args, spec, bar):
+    """Epoch seconds of gluon_gpu on ``spec`` and the validation accuracy after training."""
+    ctx = parse_devices(spec)
+    threads = set_cpu_threads(ctx, args.omp_threads)
+    targs = train.build_parser().parse_args(
+        ["--devices", spec, "--batch-size", str(args.batch_size), "--model", args.model,
+         "--pipeline", args.pipeline, "--num-workers", str(args.num_workers), "--quiet"]
+        + (["--limit", str(args.limit)] if args.limit else [])
+        + (["--data-dir", args.data_dir] if args.data_dir else []))
+    runs = []
+    for _ in range(args.repeats):
+        dp, train_pipe, val_pipe, _ = train.build(targs, ctx)
+        seconds = []
+        for epoch in range(args.epochs):
+            seconds.append(train_epoch(dp, train_pipe, epoch)["seconds"])
+            bar.update(1)
+        runs.append({"seconds": seconds, "val_acc": dp.evaluate(val_pipe.epoch(0))})
+    return runs, {"devices": len(ctx), "omp_threads": threads, "samples": train_pipe.n}
+
+
+def time_tutorial(args, data, bar):
+    ctx = parse_devices(args.devices[0])
+    set_cpu_threads(ctx, args.omp_threads)
+    runs = []
+    for _ in range(args.repeats):
+        mx.random.seed(0)
+        seconds, acc = tutorial_loop.run(*data, ctx, args.epochs, args.batch_size, args.num_workers,
+                                         on_epoch=lambda *_: bar.update(1))
+        runs.append({"seconds": seconds, "val_acc": acc})
+    return runs
+
+
+def summarize(name, runs, samples, devices):
+    first = [r["seconds"][0] for r in runs]
+    rest = [s for r in runs for s in r["seconds"][1:]] or first
+    median = statistics.median(rest)
+    return {"name": name, "devices": devices, "first_epoch_s": statistics.median(first),
+            "median_epoch_s": median, "epochs_timed": len(rest), "samples_per_s": samples / median,
+            "val_acc": statistics.median(r["val_acc"] for r in runs), "runs": runs}
+
+
+def training_flops(model, samples):
+    """Multiply-adds of the conv and dense layers x 2 (FLOPs) x 3 (forward, and the two
+    backward products), per epoch: the work any implementation must do."""
+    net = get_model(model)
+    net.initialize()
+    macs = []
+
+    def hook(block, _inputs, output):
+        weight = block.weight.data()
+        macs.append(output.size / output.shape[0] * weight.size / weight.shape[0])
+    for block in _descendants(net):
+        if isinstance(block, (mx.gluon.nn.Conv2D, mx.gluon.nn.Dense)):
+            block.register_forward_hook(hook)
+    net(nd.zeros(INPUT_SHAPE))
+    return 2 * 3 * sum(macs) * samples
+
+
+def _descendants(block):
+    children = list(block._children.values())  # pylint: disable=protected-access
+    return [block] + [d for c in children for d in _descendants(c)]
+
+
+def matmul_gflops(n=1024, repeats=7):
+    """This machine's float32 GEMM speed on one CPU context (median of ``repeats``)."""
+    a, b = nd.random.uniform(shape=(n, n)), nd.random.uniform(shape=(n, n))
+    nd.dot(a, b).wait_to_read()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        nd.dot(a, b).wait_to_read()
+        times.append(time.perf_counter() - start)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+def machine_info():
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpus = []
+    if gpu_count():
+        try:
+            gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=20).stdout.split("\n")
+        except (OSError, subprocess.SubprocessError):
+            gpus = ["unknown"] * gpu_count()
+    features = [f.name for f in mx.runtime.Features().values() if f.enabled]
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpus": [g for g in gpus if g],
+            "mxnet": mx.__version__, "mxnet_features": features, "python": platform.python_version(),
+            "gluon_gpu": __version__}
+
+
+def peak_rss_mib():
+    self_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    child_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return self_kib / 1024, child_kib / 1024
+
+
+def format_table(rows, tutorial):
+    head = (f"{'devices':<14}{'first s':>9}{'median s':>10}{'samples/s':>11}{'speedup':>9}"
+            f"{'eff.':>7}{'vs tutorial':>13}{'val-acc':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        vs = f"{r['vs_tutorial']:.2f}x" if r.get("vs_tutorial") else "-"
+        speed = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
+        eff = f"{r['efficiency']:.0%}" if "efficiency" in r else "-"
+        lines.append(f"{r['name']:<14}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
+                     f"{r['samples_per_s']:>11.0f}{speed:>9}{eff:>7}{vs:>13}{r['val_acc']:>9.4f}")
+    if tutorial:
+        lines.append(f"{'tutorial (' + tutorial['name'] + ')':<14}"[:14] + f"{tutorial['first_epoch_s']:>9.2f}"
+                     f"{tutorial['median_epoch_s']:>10.2f}{tutorial['samples_per_s']:>11.0f}{'':>9}{'':>7}"
+                     f"{'1.00x':>13}{tutorial['val_acc']:>9.4f}")
+    return "\n".join(lines)
+
+
+def plot(rows, tutorial, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [r["name"] for r in rows] + (["tutorial"] if tutorial else [])
+    speeds = [r["samples_per_s"] for r in rows] + ([tutorial["samples_per_s"]] if tutorial else [])
+    fig, (ax_speed, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
+    bars = ax_speed.bar(names, speeds, color=["C0"] * len(rows) + (["C7"] if tutorial else []))
+    ax_speed.bar_label(bars, fmt="%.0f")
+    ax_speed.set_ylabel("samples/s (median epoch)")
+    ax_speed.set_title("throughput")
+    ax_eff.plot([r["devices"] for r in rows], [r["efficiency"] for r in rows], marker="o")
+    ax_eff.axhline(1.0, color="grey", linestyle=":")
+    ax_eff.set_xlabel("devices")
+    ax_eff.set_ylabel("scaling efficiency (speedup / devices)")
+    ax_eff.set_ylim(0, 1.2)
+    ax_eff.set_title("scaling")
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
+
+
+@main_guard("gluon_gpu.bench")
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    args.devices = args.devices or default_specs()
+    for spec in args.devices:
+        parse_devices(spec)  # every spec checked before any work
+    train.check_writable(args.out)
+    data_dir = find_data_dir(args.data_dir, "train")
+    data = (*load_split("train", data_dir, args.limit), *load_split("test", find_data_dir(args.data_dir, "test")))
+    total = args.epochs * args.repeats * (len(args.devices) + (args.baseline == "tutorial"))
+    rows, tutorial = [], None
+    with tqdm(total=total, desc="bench", unit="epoch", disable=not progress_enabled(args)) as bar:
+        for spec in args.devices:
+            runs, info = time_ours(args, spec, bar)
+            rows.append({**summarize(spec, runs, info["samples"], info["devices"]),
+                         "omp_threads": info["omp_threads"]})
+        if args.baseline == "tutorial":
+            tutorial = summarize(args.devices[0], time_tutorial(args, data[:4], bar), len(data[0]),
+                                 len(parse_devices(args.devices[0])))
+    base = rows[0]["median_epoch_s"]
+    for r in rows:
+        r["speedup"] = base / r["median_epoch_s"]
+        r["efficiency"] = r["speedup"] / (r["devices"] / rows[0]["devices"])
+        if tutorial:
+            r["vs_tutorial"] = tutorial["median_epoch_s"] / r["median_epoch_s"]
+    gflops = matmul_gflops()
+    flops = training_flops(args.model, len(data[0]))
+    floor = flops / (gflops * 1e9)
+    rss, child_rss = peak_rss_mib()
+    print(format_table(rows, tutorial))
+    print(f"compute floor: {flops / 1e9:.1f} GFLOP per epoch / {gflops:.1f} GFLOP/s (1024^2 matmul, "
+          f"one context) = {floor:.2f} s; best epoch reaches {floor / min(r['median_epoch_s'] for r in rows):.0%} of it")
+    print(f"peak RSS: {rss:.0f} MiB (largest DataLoader worker: {child_rss:.0f} MiB)")
+    report = {"config": {k: v for k, v in vars(args).items()}, "machine": machine_info(),
+              "results": rows, "tutorial": tutorial,
+              "compute_floor": {"gflop_per_epoch": flops / 1e9, "matmul_gflops": gflops, "floor_s": floor},
+              "peak_rss_mib": rss, "peak_child_rss_mib": child_rss}
+    write_json(os.path.join(args.out, "bench.json"), report)
+    plot(rows, tutorial, os.path.join(args.out, "scaling.png"))
+    print(f"wrote {args.out}/bench.json and {args.out}/scaling.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

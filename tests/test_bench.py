@@ -1,0 +1,58 @@
+"""The benchmark end to end on a tiny slice (figures are not judged here: that is the
+benchmark's job, on a quiet machine), and the helpers behind its report."""
+import json
+import os
+
+import mxnet as mx
+import pytest
+
+from gluon_gpu import bench
+from gluon_gpu.devices import set_cpu_threads
+
+
+def test_bench_runs_end_to_end_and_writes_json_and_png(tmp_path, capsys):
+    out = str(tmp_path / "bench")
+    assert bench.main(["--devices", "cpu", "cpu*2", "--epochs", "2", "--limit", "1024",
+                       "--num-workers", "0", "--out", out, "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "vs tutorial" in printed and "compute floor" in printed and "peak RSS" in printed
+    with open(os.path.join(out, "bench.json")) as f:
+        report = json.load(f)
+    names = [r["name"] for r in report["results"]]
+    assert names == ["cpu", "cpu*2"]
+    for r in report["results"]:
+        assert len(r["runs"][0]["seconds"]) == 2 and r["median_epoch_s"] > 0
+        assert r["samples_per_s"] == pytest.approx(1024 / r["median_epoch_s"])
+        assert r["vs_tutorial"] == pytest.approx(report["tutorial"]["median_epoch_s"] / r["median_epoch_s"])
+    assert report["results"][0]["speedup"] == 1.0
+    assert report["results"][1]["devices"] == 2
+    assert report["machine"]["mxnet"] == mx.__version__ and report["machine"]["cores"] >= 1
+    assert report["peak_rss_mib"] > 0
+    with open(os.path.join(out, "scaling.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_rejects_a_bad_spec_before_any_work(tmp_path, capsys):
+    assert bench.main(["--devices", "cpu", "gpu*8", "--out", str(tmp_path / "b")]) == 2
+    assert "asks for GPUs" in capsys.readouterr().err
+    assert not (tmp_path / "b" / "bench.json").exists()
+
+
+def test_lenet_training_flops_match_the_hand_count():
+    macs = 6 * 24 * 24 * 25 + 16 * 10 * 10 * 6 * 9 + 400 * 120 + 120 * 84 + 84 * 10
+    assert bench.training_flops("lenet", 10) == 2 * 3 * macs * 10
+
+
+def test_default_specs_scale_over_gpus(monkeypatch):
+    monkeypatch.setattr(bench, "gpu_count", lambda: 0)
+    assert bench.default_specs() == ["cpu", "cpu*2"]
+    monkeypatch.setattr(bench, "gpu_count", lambda: 6)
+    assert bench.default_specs() == ["gpu*1", "gpu*2", "gpu*4", "gpu*6", "cpu"]
+
+
+def test_cpu_threads_are_shared_out_over_cpu_contexts():
+    cores = os.cpu_count()
+    assert set_cpu_threads([mx.cpu(0)]) == cores
+    assert set_cpu_threads([mx.cpu(0), mx.cpu(1)]) == max(1, cores // 2)
+    assert set_cpu_threads([mx.cpu(0)], 3) == 3
+    assert set_cpu_threads([mx.gpu(0), mx.gpu(1)]) == cores
