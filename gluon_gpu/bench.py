@@ -37,6 +37,9 @@ def build_parser():
     p.add_argument("--baseline", choices=("tutorial", "none"), default="tutorial")
     p.add_argument("--pipeline", default="device", choices=PIPELINES)
     p.add_argument("--num-workers", type=non_negative_int, default=4, help="DataLoader workers (loader, tutorial)")
+    p.add_argument("--ensemble", type=positive_int, nargs="+", default=None, metavar="K",
+                   help="ensemble mode: time K fused LeNets per K (on the first --devices spec) "
+                        "against K x the K=1 epoch")
     p.add_argument("--limit", type=positive_int, default=None, help="first N training samples only")
     p.add_argument("--out", default="bench-out", help="directory for bench.json and scaling.png")
     return p
@@ -55,13 +58,14 @@ def _powers_of_two(n):
     return out + ([n] if out[-1] != n else [])
 
 
-def time_ours(args, spec, bar):
+def time_ours(args, spec, bar, members=1):
     """Epoch seconds of gluon_gpu on ``spec`` and the validation accuracy after training."""
     ctx = parse_devices(spec)
     threads = set_cpu_threads(ctx, args.omp_threads)
     targs = train.build_parser().parse_args(
         ["--devices", spec, "--batch-size", str(args.batch_size), "--model", args.model,
-         "--pipeline", args.pipeline, "--num-workers", str(args.num_workers), "--quiet"]
+         "--pipeline", args.pipeline, "--num-workers", str(args.num_workers), "--quiet",
+         "--ensemble", str(members)]
         + (["--limit", str(args.limit)] if args.limit else [])
         + (["--data-dir", args.data_dir] if args.data_dir else []))
     runs = []
@@ -195,6 +199,66 @@ def plot(rows, tutorial, path):
     plt.close(fig)
 
 
+def bench_ensembles(args, bar):
+    """Rows per ensemble size K: epoch time, member-samples/s, and the speedup over
+    training the K members one after another (K x the K=1 epoch, same invocation)."""
+    spec = args.devices[0]
+    sizes = sorted(set([1] + args.ensemble))
+    rows = []
+    for k in sizes:
+        runs, info = time_ours(args, spec, bar, members=k)
+        row = summarize(f"K={k}", runs, info["samples"], info["devices"])
+        row.update(members=k, member_samples_per_s=row["samples_per_s"] * k)
+        rows.append(row)
+    single = rows[0]["median_epoch_s"]
+    for row in rows:
+        row["speedup_vs_sequential"] = row["members"] * single / row["median_epoch_s"]
+    return rows
+
+
+def format_ensemble_table(rows, spec):
+    head = f"{'ensemble':<10}{'first s':>9}{'median s':>10}{'member-samples/s':>18}{'vs sequential':>15}"
+    lines = [f"ensembles on {spec}", head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['name']:<10}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
+                     f"{r['member_samples_per_s']:>18.0f}{r['speedup_vs_sequential']:>14.2f}x")
+    return "\n".join(lines)
+
+
+def plot_ensembles(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ks = [r["members"] for r in rows]
+    ax.plot(ks, [r["speedup_vs_sequential"] for r in rows], marker="o", label="fused ensemble")
+    ax.axhline(1.0, color="grey", linestyle=":", label="K members one after another")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks)
+    ax.set_xticklabels([str(k) for k in ks])
+    ax.set_xlabel("ensemble size K")
+    ax.set_ylabel("speedup (member-samples/s vs K=1)")
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
+
+
+def run_ensembles(args):
+    sizes = sorted(set([1] + args.ensemble))
+    with tqdm(total=args.epochs * args.repeats * len(sizes), desc="bench", unit="epoch",
+              disable=not progress_enabled(args)) as bar:
+        rows = bench_ensembles(args, bar)
+    rss, child_rss = peak_rss_mib()
+    print(format_ensemble_table(rows, args.devices[0]))
+    print(f"peak RSS: {rss:.0f} MiB")
+    write_json(os.path.join(args.out, "bench.json"),
+               {"config": vars(args), "machine": machine_info(), "ensembles": rows, "peak_rss_mib": rss})
+    plot_ensembles(rows, os.path.join(args.out, "ensemble.png"))
+    print(f"wrote {args.out}/bench.json and {args.out}/ensemble.png")
+    return 0
+
+
 @main_guard("gluon_gpu.bench")
 def main(argv=None):
     args = build_parser().parse_args(argv)
@@ -202,6 +266,8 @@ def main(argv=None):
     for spec in args.devices:
         parse_devices(spec)  # every spec checked before any work
     train.check_writable(args.out)
+    if args.ensemble:
+        return run_ensembles(args)
     data_dir = find_data_dir(args.data_dir, "train")
     data = (*load_split("train", data_dir, args.limit), *load_split("test", find_data_dir(args.data_dir, "test")))
     total = args.epochs * args.repeats * (len(args.devices) + (args.baseline == "tutorial"))

@@ -5,10 +5,19 @@ from .checkpoint import atomic_write, write_json
 
 
 def format_epoch(record, epochs):
-    """One human line per epoch."""
+    """One human line per epoch (ensembles: member val-acc min/median/max, and the
+    ensemble's; samples/s counts member-samples)."""
+    members = record.get("member_val_acc")
+    if members:
+        accs = sorted(members)
+        val = (f"member val-acc {accs[0]:.4f}/{accs[len(accs) // 2]:.4f}/{accs[-1]:.4f}  "
+               f"ensemble val-acc {record['val_acc']:.4f}")
+        rate = record["samples_per_s"] * len(members)
+    else:
+        val, rate = f"val-acc {record['val_acc']:.4f}", record["samples_per_s"]
     return (f"epoch {record['epoch']:>3}/{epochs}  loss {record['train_loss']:.4f}  "
-            f"train-acc {record['train_acc']:.4f}  val-acc {record['val_acc']:.4f}  "
-            f"{record['seconds']:6.2f} s  {record['samples_per_s']:8.0f} samples/s")
+            f"train-acc {record['train_acc']:.4f}  {val}  "
+            f"{record['seconds']:6.2f} s  {rate:8.0f} samples/s")
 
 
 class EpochPrinter:
@@ -60,12 +69,21 @@ def plot_curves(history, path):
 
     epochs = [r["epoch"] for r in history]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
-    ax_loss.plot(epochs, [r["train_loss"] for r in history], marker="o", label="train loss")
+    if "member_train_loss" in history[0]:  # one faint line per ensemble member
+        for k, losses in enumerate(zip(*[r["member_train_loss"] for r in history])):
+            ax_loss.plot(epochs, losses, color="C0", alpha=0.25, linewidth=1,
+                         label="members" if k == 0 else None)
+        for k, accs in enumerate(zip(*[r["member_val_acc"] for r in history])):
+            ax_acc.plot(epochs, accs, color="C1", alpha=0.25, linewidth=1,
+                        label="members (validation)" if k == 0 else None)
+    ax_loss.plot(epochs, [r["train_loss"] for r in history], marker="o",
+                 label="train loss" + (" (member mean)" if "member_train_loss" in history[0] else ""))
     ax_loss.set_xlabel("epoch")
     ax_loss.set_ylabel("cross-entropy")
     ax_loss.legend()
     ax_acc.plot(epochs, [r["train_acc"] for r in history], marker="o", label="train")
-    ax_acc.plot(epochs, [r["val_acc"] for r in history], marker="o", label="validation")
+    ax_acc.plot(epochs, [r["val_acc"] for r in history], marker="o",
+                label="validation" + (" (ensemble)" if "member_val_acc" in history[0] else ""))
     ax_acc.set_xlabel("epoch")
     ax_acc.set_ylabel("accuracy")
     ax_acc.legend()

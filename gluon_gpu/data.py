@@ -17,7 +17,7 @@ import mxnet as mx
 from mxnet import gluon, nd
 from mxnet.gluon.data.vision import transforms
 
-from .errors import DataError
+from .errors import DataError, UserError
 
 MEAN, STD = 0.13, 0.31
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -132,10 +132,17 @@ def epoch_order(n, seed, epoch, shuffle=True):
 
 class Normalize(gluon.HybridBlock):
     """uint8 (N, 28, 28) -> float32 (N, 1, 28, 28): ToTensor then Normalize(MEAN, STD),
-    as graph ops, so the device pipeline normalizes inside the hybridized step."""
+    as graph ops, so the device pipeline normalizes inside the hybridized step.
+    ``add_channel=False`` keeps the shape (ensembles: (N, K, 28, 28), a channel a member)."""
+
+    def __init__(self, add_channel=True, **kwargs):
+        super().__init__(**kwargs)
+        self._add_channel = add_channel
 
     def hybrid_forward(self, F, x):
-        x = F.expand_dims(x, axis=1).astype("float32") / 255.0
+        if self._add_channel:
+            x = F.expand_dims(x, axis=1)
+        x = x.astype("float32") / 255.0
         return (x - MEAN) / STD
 
 
@@ -149,12 +156,14 @@ class DevicePipeline:
 
     ``epoch(e)`` yields ``(data_shards, label_shards)``: one uint8 shard per device,
     split of the batch's indices by ``split_and_load(..., even_split=False)``.
+    With ``members=K`` (an ensemble) member k draws its own order from seed ``seed + k``
+    and shards are ``(b, K, 28, 28)`` / ``(b, K)``: member k's samples in column k.
     """
     normalize_in_graph = True
 
-    def __init__(self, images, labels, batch_size, ctx, seed=0, shuffle=True):
+    def __init__(self, images, labels, batch_size, ctx, seed=0, shuffle=True, members=1):
         self.n, self.batch_size, self.ctx = len(images), batch_size, list(ctx)
-        self.seed, self.shuffle = seed, shuffle
+        self.seed, self.shuffle, self.members = seed, shuffle, members
         self._images = [nd.array(images, ctx=c, dtype="uint8") for c in self.ctx]
         self._labels = [nd.array(labels, ctx=c, dtype="float32") for c in self.ctx]
 
@@ -163,7 +172,10 @@ class DevicePipeline:
 
     def epoch(self, epoch, start_batch=0):
         """Batches of epoch ``epoch``, from batch ``start_batch`` on (to resume mid-epoch)."""
-        order = epoch_order(self.n, self.seed, epoch, self.shuffle).astype(np.int32)
+        order = np.stack([epoch_order(self.n, self.seed + k, epoch, self.shuffle)
+                          for k in range(self.members)], axis=1).astype(np.int32)
+        if self.members == 1:
+            order = order[:, 0]
         for start in range(start_batch * self.batch_size, self.n, self.batch_size):
             batch = nd.array(order[start:start + self.batch_size], dtype="int32")
             shards = gluon.utils.split_and_load(batch, self.ctx, even_split=False)
@@ -214,7 +226,10 @@ class LoaderPipeline:
 PIPELINES = ("device", "loader")
 
 
-def make_pipeline(kind, images, labels, batch_size, ctx, seed=0, shuffle=True, num_workers=0):
+def make_pipeline(kind, images, labels, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
+                  members=1):
     if kind == "loader":
+        if members > 1:
+            raise UserError("--ensemble needs --pipeline device")
         return LoaderPipeline(images, labels, batch_size, ctx, seed, shuffle, num_workers)
-    return DevicePipeline(images, labels, batch_size, ctx, seed, shuffle)
+    return DevicePipeline(images, labels, batch_size, ctx, seed, shuffle, members)

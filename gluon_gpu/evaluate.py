@@ -4,7 +4,7 @@ import sys
 from .cli import add_model_flag, check_batch, main_guard, parser
 from .data import DevicePipeline, find_data_dir, load_split
 from .devices import describe, devices
-from .models import load_model, model_name_beside
+from .models import load_model, recorded_model
 from .parallel import DataParallel
 
 
@@ -20,17 +20,21 @@ def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256):
     net = load_model(path, ctx, model)
     test_x, test_y = load_split("test", find_data_dir(data_dir, "test"))
     dp = DataParallel(net, ctx, normalize_in_graph=True)
-    return dp.evaluate(DevicePipeline(test_x, test_y, batch_size, ctx, shuffle=False).epoch(0))
+    members = getattr(net, "members", 1)
+    return dp.evaluate(DevicePipeline(test_x, test_y, batch_size, ctx, shuffle=False,
+                                      members=members).epoch(0))
 
 
 @main_guard("gluon_gpu.evaluate")
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    model = args.model or model_name_beside(args.params)
+    model, members = recorded_model(args.params)
+    model = args.model or model
     with devices(args.devices, args.omp_threads) as ctx:
         check_batch(args.batch_size, ctx)
         acc = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size)
-    print(f"{args.params}: {model} test accuracy {acc:.4f} on {describe(ctx)} (10000 images)")
+    what = f"ensemble of {members} {model}" if members > 1 and not args.model else model
+    print(f"{args.params}: {what} test accuracy {acc:.4f} on {describe(ctx)} (10000 images)")
     return 0
 
 

@@ -78,10 +78,22 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
     return metrics
 
 
-def epoch_record(epoch, train, val_acc):
-    return {"epoch": epoch + 1, "train_loss": train["loss"], "train_acc": train["accuracy"],
-            "val_acc": val_acc, "seconds": train["seconds"],
-            "samples_per_s": train["samples"] / train["seconds"]}
+def validate(dp, val_pipeline):
+    """``{'val_acc'}``, and for an ensemble each member's too (val_acc is the ensemble's)."""
+    if dp.members == 1:
+        return {"val_acc": dp.evaluate(val_pipeline.epoch(0))}
+    members, ensemble = dp.evaluate_members(val_pipeline.epoch(0))
+    return {"val_acc": ensemble, "member_val_acc": members}
+
+
+def epoch_record(epoch, train, val):
+    record = {"epoch": epoch + 1, "train_loss": train["loss"], "train_acc": train["accuracy"],
+              **val, "seconds": train["seconds"],
+              "samples_per_s": train["samples"] / train["seconds"]}
+    if "member_loss" in train:
+        record["member_train_loss"] = train["member_loss"]
+        record["member_train_acc"] = train["member_accuracy"]
+    return record
 
 
 def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, start_batch=0,
@@ -96,7 +108,7 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
         train = train_epoch(dp, train_pipeline, epoch, log_interval, progress,
                             start_batch if epoch == start_epoch else 0, stop,
                             seconds_before if epoch == start_epoch else 0.0)
-        record = epoch_record(epoch, train, dp.evaluate(val_pipeline.epoch(0)))
+        record = epoch_record(epoch, train, validate(dp, val_pipeline))
         history.append(record)
         for cb in callbacks:
             cb.on_epoch_end(record, history)

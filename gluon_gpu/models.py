@@ -2,8 +2,8 @@
 import json
 import os
 
+import numpy as np
 import mxnet as mx
-from mxnet import gluon
 from mxnet.gluon import nn
 
 from .errors import ParamsError, UserError
@@ -32,8 +32,14 @@ def model_names():
     return ("lenet",) + ZOO_MODELS
 
 
-def get_model(name="lenet", classes=10):
-    """A fresh, uninitialized network by name: 'lenet' or a gluoncv zoo name in ZOO_MODELS."""
+def get_model(name="lenet", classes=10, members=1):
+    """A fresh, uninitialized network by name: 'lenet' or a gluoncv zoo name in ZOO_MODELS;
+    ``members > 1``: an EnsembleLeNet of that many members."""
+    if members > 1:
+        if name != "lenet":
+            raise UserError(f"--ensemble supports lenet only, not {name}")
+        from .ensemble import EnsembleLeNet
+        return EnsembleLeNet(members)
     if name == "lenet":
         return lenet()
     if name not in ZOO_MODELS:
@@ -42,32 +48,59 @@ def get_model(name="lenet", classes=10):
     return model_zoo.get_model(name, classes=classes)
 
 
-def model_name_beside(params_path, default="lenet"):
-    """The model name recorded in the run's metrics.json next to a params file, if any."""
+def input_shape(members=1):
+    return INPUT_SHAPE if members == 1 else (1, members, 28, 28)
+
+
+def init_model(name, seed, ctx, members=1):
+    """A network initialized as every gluon_gpu run does it: seeded Xavier on ``ctx``,
+    parameters materialized by one forward pass. An ensemble's member k is initialized
+    exactly as a single network with seed ``seed + k``."""
+    if members > 1:
+        from .ensemble import combine_members
+        get_model(name, members=members)  # validates the name
+        return combine_members([init_model(name, seed + k, ctx) for k in range(members)], ctx)
+    mx.random.seed(seed)
+    np.random.seed(seed)
+    net = get_model(name)
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    net(mx.nd.zeros(INPUT_SHAPE, ctx=ctx[0]))
+    return net
+
+
+def recorded_model(params_path, default="lenet"):
+    """``(model name, ensemble size)`` recorded in the run's metrics.json next to a params
+    file, else ``(default, 1)``."""
     meta = os.path.join(os.path.dirname(os.path.abspath(params_path)), "metrics.json")
     try:
         with open(meta) as f:
-            return json.load(f)["config"]["model"]
+            config = json.load(f)["config"]
+        return config["model"], int(config.get("ensemble", 1))
     except (OSError, ValueError, KeyError, TypeError):
-        return default
+        return default, 1
 
 
-def load_model(path, ctx=None, model=None):
+def load_model(path, ctx=None, model=None, members=None):
     """Load saved parameters onto ``ctx`` (a Context or a list) and return the network.
 
-    ``model`` defaults to the name recorded beside the file, else 'lenet'. A missing
-    file, a corrupt one, or one saved from another architecture raises ParamsError.
+    ``model`` and ``members`` (ensemble size) default to what the run recorded beside the
+    file, else 'lenet' and 1. A missing file, a corrupt one, or one saved from another
+    architecture or ensemble size raises ParamsError.
     """
     ctx = ctx if ctx is not None else mx.cpu()
     ctx = ctx if isinstance(ctx, (list, tuple)) else [ctx]
-    model = model or model_name_beside(path)
+    recorded, recorded_members = recorded_model(path)
+    model = model or recorded
+    members = members or (recorded_members if model == recorded else 1)
     if not os.path.isfile(path):
         raise ParamsError(f"parameter file {path} does not exist")
-    net = get_model(model)
+    net = get_model(model, members=members)
+    if members > 1:
+        model = f"an ensemble of {members} {model}"
     try:
         net.load_parameters(path, ctx=ctx)
         for c in ctx:  # deferred shapes are only checked by a forward pass
-            net(mx.nd.zeros(INPUT_SHAPE, ctx=c)).wait_to_read()
+            net(mx.nd.zeros(input_shape(members), ctx=c)).wait_to_read()
     except (mx.base.MXNetError, AssertionError, ValueError, RuntimeError) as e:
         raise ParamsError(f"cannot load {path} as {model}: {_last_line(e)}") from None
     return net

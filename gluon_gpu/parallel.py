@@ -50,22 +50,32 @@ def check_options(ctx, kvstore=None, dtype="float32"):
 
 
 class _Graph(gluon.HybridBlock):
-    """(optional uint8 normalize) -> net -> (summed loss, correct count), for one input shape."""
+    """(optional uint8 normalize) -> net -> per-member (summed loss, correct count), for
+    one input shape. An ordinary net is an ensemble of one: its vectors have length 1.
+    Without a loss (evaluation), an ensemble also gets the count of its mean-softmax vote."""
 
-    def __init__(self, net, loss, normalize, dtype):
+    def __init__(self, net, loss, normalize, dtype, members):
         super().__init__(prefix="")
-        self.net, self.loss_fn = net, loss
-        self.normalize = Normalize() if normalize else None
-        self._dtype = dtype
+        self.net, self.loss_fn, self._dtype, self._members = net, loss, dtype, members
+        self.normalize = Normalize(add_channel=members == 1) if normalize else None
 
     def hybrid_forward(self, F, x, y):
         if self.normalize is not None:
             x = self.normalize(x)
-        out = self.net(x.astype(self._dtype))
-        correct = F.sum(F.argmax(out, axis=1) == y.astype(self._dtype))
+        out = self.net(x.astype(self._dtype))          # (b, 10) or (b, K, 10)
+        y = y.astype(self._dtype)                      # (b,) or (b, K)
+        hit = F.argmax(out, axis=-1) == y
+        correct = F.sum(F.reshape(hit, shape=(-1, self._members)), axis=0)
         if self.loss_fn is None:
-            return correct
-        return F.sum(self.loss_fn(out, y)), correct
+            if self._members == 1:
+                return correct
+            vote = F.argmax(F.mean(F.softmax(out, axis=-1), axis=1), axis=-1)
+            first = F.reshape(F.slice_axis(y, axis=1, begin=0, end=1), shape=(-1,))
+            return F.concat(correct, F.sum(vote == first, axis=0, keepdims=True), dim=0)
+        if self._members > 1:
+            out, y = F.reshape(out, shape=(-3, -2)), F.reshape(y, shape=(-1,))
+        loss = F.reshape(self.loss_fn(out, y), shape=(-1, self._members))
+        return F.sum(loss, axis=0), correct
 
 
 class DataParallel:
@@ -82,6 +92,7 @@ class DataParallel:
         kvstore = kvstore or default_kvstore(self.ctx)
         check_options(self.ctx, kvstore, dtype)
         self.net, self.hybridize, self.dtype = net, hybridize, dtype
+        self.members = getattr(net, "members", 1)
         self.normalize_in_graph = normalize_in_graph
         self.loss = loss or gluon.loss.SoftmaxCrossEntropyLoss()
         if not _is_initialized(net):
@@ -125,49 +136,64 @@ class DataParallel:
             self._correct[i] += correct
         self._samples += batch_size
         total = nd.add_n(*[l.as_in_context(self.ctx[0]) for l, _ in outs])
-        return total / batch_size
+        return nd.sum(total) / (batch_size * self.members)
 
     def reset_metrics(self):
-        self._loss = [nd.zeros((1,), ctx=c) for c in self.ctx]
-        self._correct = [nd.zeros((1,), ctx=c) for c in self.ctx]
+        self._loss = [nd.zeros((self.members,), ctx=c) for c in self.ctx]
+        self._correct = [nd.zeros((self.members,), ctx=c) for c in self.ctx]
         self._samples = 0
 
     def read_metrics(self, reset=True):
-        """``{'loss', 'accuracy', 'samples'}`` since the last reset: the one host sync."""
+        """``{'loss', 'accuracy', 'samples'}`` since the last reset: the one host sync.
+        Ensembles: the means over members, and ``member_loss``/``member_accuracy`` lists."""
         samples = max(self._samples, 1)
-        loss = sum(float(l.asscalar()) for l in self._loss) / samples
-        acc = sum(float(c.asscalar()) for c in self._correct) / samples
-        result = {"loss": loss, "accuracy": acc, "samples": self._samples}
+        loss = sum(l.asnumpy() for l in self._loss) / samples
+        acc = sum(c.asnumpy() for c in self._correct) / samples
+        result = {"loss": float(loss.mean()), "accuracy": float(acc.mean()), "samples": self._samples}
+        if self.members > 1:
+            result["member_loss"], result["member_accuracy"] = loss.tolist(), acc.tolist()
         if reset:
             self.reset_metrics()
         return result
 
     def metric_state(self):
         """The running sums behind ``read_metrics``, per device (for checkpoints)."""
-        return {"loss": [float(l.asscalar()) for l in self._loss],
-                "correct": [float(c.asscalar()) for c in self._correct], "samples": self._samples}
+        return {"loss": [l.asnumpy().tolist() for l in self._loss],
+                "correct": [c.asnumpy().tolist() for c in self._correct], "samples": self._samples}
 
     def load_metric_state(self, state):
         """Restore ``metric_state`` output (onto the first device if the count changed)."""
         self.reset_metrics()
         same = len(state["loss"]) == len(self.ctx)
         for name, arrays in (("loss", self._loss), ("correct", self._correct)):
-            values = state[name] if same else [sum(state[name])] + [0.0] * (len(self.ctx) - 1)
+            values = state[name] if same else \
+                [[sum(col) for col in zip(*state[name])]] + [[0.0] * self.members] * (len(self.ctx) - 1)
             for array, value in zip(arrays, values):
-                array[:] = value
+                array[:] = nd.array(value, ctx=array.context)
         self._samples = state["samples"]
 
     # -- evaluation -----------------------------------------------------------
     def evaluate(self, batches):
-        """Accuracy over an iterable of batches (host batches or per-device shards)."""
-        correct = [nd.zeros((1,), ctx=c) for c in self.ctx]
+        """Accuracy over an iterable of batches (host batches or per-device shards);
+        for an ensemble, the accuracy of its mean-softmax vote."""
+        counts = self._evaluate_counts(batches)
+        return counts[-1]
+
+    def evaluate_members(self, batches):
+        """Ensembles: ``(per-member accuracies, ensemble accuracy)``."""
+        counts = self._evaluate_counts(batches)
+        return counts[:self.members], counts[-1]
+
+    def _evaluate_counts(self, batches):
+        width = self.members + (self.members > 1)
+        correct = [nd.zeros((width,), ctx=c) for c in self.ctx]
         total = 0
         for data, label in batches:
             xs, ys = self.split(data, label)
             for i, (x, y) in enumerate(zip(xs, ys)):
                 correct[i] += self._graph(x.shape, training=False)(x, y)
             total += sum(x.shape[0] for x in xs)
-        return sum(float(c.asscalar()) for c in correct) / max(total, 1)
+        return (sum(c.asnumpy() for c in correct) / max(total, 1)).tolist()
 
     # -- internals ------------------------------------------------------------
     def _graph(self, shape, training):
@@ -177,7 +203,8 @@ class DataParallel:
         key = (tuple(shape), training)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = _Graph(self.net, self.loss if training else None, self.normalize_in_graph, self.dtype)
+            graph = _Graph(self.net, self.loss if training else None, self.normalize_in_graph,
+                           self.dtype, self.members)
             if self.hybridize:
                 graph.hybridize(static_alloc=True, static_shape=True)
             self._graphs[key] = graph

@@ -17,7 +17,7 @@ from .cli import add_model_flag, main_guard, parser
 from .data import CLASSES, Normalize, read_idx
 from .devices import devices, gpu_count
 from .errors import UserError
-from .models import load_model, model_name_beside
+from .models import load_model
 
 MIN_SIDE = 8  # below this an image carries too little to classify
 
@@ -66,12 +66,18 @@ def parse_index(text, n):
 
 
 def predict(net, images, ctx):
-    """Class probabilities (N, 10) for uint8 images (N, 28, 28), split over ``ctx``."""
+    """Class probabilities (N, 10) for uint8 images (N, 28, 28), split over ``ctx``;
+    an ensemble gives the mean of its members' softmax."""
+    members = getattr(net, "members", 1)
     batch = nd.array(images, dtype="uint8")
+    if members > 1:  # every member sees every image
+        batch = batch.expand_dims(1).broadcast_to((len(images), members, 28, 28))
     shards = gluon.utils.split_and_load(batch, ctx[:len(images)], even_split=False)
-    norm = Normalize()
-    probs = [nd.softmax(net(norm(x)), axis=1).asnumpy() for x in shards]
-    return np.concatenate(probs)
+    norm = Normalize(add_channel=members == 1)
+    probs = [nd.softmax(net(norm(x)), axis=-1) for x in shards]
+    if members > 1:
+        probs = [p.mean(axis=1) for p in probs]
+    return np.concatenate([p.asnumpy() for p in probs])
 
 
 def _inputs(args):
@@ -94,9 +100,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     names, images = _inputs(args)
     spec = args.devices or ("gpu:0" if gpu_count() else "cpu")
-    model = args.model or model_name_beside(args.params)
     with devices(spec, args.omp_threads) as ctx:
-        probs = predict(load_model(args.params, ctx, model), images, ctx)
+        probs = predict(load_model(args.params, ctx, args.model), images, ctx)
     results = [{"input": name, "class": CLASSES[int(p.argmax())], "index": int(p.argmax()),
                 "probability": float(p.max()), "probabilities": [float(v) for v in p]}
                for name, p in zip(names, probs)]

@@ -6,9 +6,7 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import mxnet as mx
-from mxnet import nd
 
 from . import __version__
 from .callbacks import CurvesPlot, EpochPrinter, MetricsFile
@@ -20,7 +18,7 @@ from .data import PIPELINES, find_data_dir, load_split, make_pipeline
 from .devices import describe, devices
 from .errors import DivergedError, UserError
 from .loop import Interrupted, StopFlag, fit
-from .models import INPUT_SHAPE, get_model
+from .models import init_model
 from .parallel import DTYPES, KVSTORES, DataParallel, default_kvstore
 
 OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
@@ -53,6 +51,8 @@ def build_parser():
     p.add_argument("--kvstore", default=None, choices=KVSTORES,
                    help="gradient aggregation (default: device on GPUs, local on CPUs)")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="float16: GPUs only")
+    p.add_argument("--ensemble", type=positive_int, default=1, metavar="K",
+                   help="train K LeNets fused in one network; member k uses seed + k")
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N training samples")
     p.add_argument("--log-interval", type=positive_int, default=50, help="batches between loss reads")
     p.add_argument("--out", default=None, help="run directory (default runs/<timestamp>)")
@@ -148,15 +148,11 @@ def build(args, ctx):
     data_dir = find_data_dir(args.data_dir, "train")
     train_x, train_y = load_split("train", data_dir, args.limit)
     test_x, test_y = load_split("test", find_data_dir(args.data_dir, "test"))
-    mx.random.seed(args.seed)
-    np.random.seed(args.seed)
-    net = get_model(args.model)
-    net.initialize(mx.init.Xavier(), ctx=ctx)
-    net(nd.zeros(INPUT_SHAPE, ctx=ctx[0]))  # materialize parameters: a snapshot exists from step 0
+    net = init_model(args.model, args.seed, ctx, args.ensemble)
     train = make_pipeline(args.pipeline, train_x, train_y, args.batch_size, ctx, args.seed,
-                          shuffle=True, num_workers=args.num_workers)
+                          shuffle=True, num_workers=args.num_workers, members=args.ensemble)
     val = make_pipeline(args.pipeline, test_x, test_y, args.batch_size, ctx, args.seed,
-                        shuffle=False, num_workers=args.num_workers)
+                        shuffle=False, num_workers=args.num_workers, members=args.ensemble)
     dp = DataParallel(net, ctx, args.optimizer, optimizer_params(args, len(train)),
                       kvstore=args.kvstore, hybridize=args.hybridize,
                       normalize_in_graph=train.normalize_in_graph, dtype=args.dtype)
@@ -214,7 +210,8 @@ def main(argv=None):
         if args.resume:
             check_writable(out)
         dp, train, val, data_dir = build(args, ctx)
-        print(f"gluon_gpu {__version__} | {args.model} on {describe(ctx)} | kvstore "
+        what = f"{args.ensemble} x {args.model}" if args.ensemble > 1 else args.model
+        print(f"gluon_gpu {__version__} | {what} on {describe(ctx)} | kvstore "
               f"{args.kvstore or default_kvstore(ctx)} | batch {args.batch_size} "
               f"({args.batch_size // len(ctx)}+ per device) | {train.n} samples "
               f"from {data_dir} | out {out}", flush=True)

@@ -56,3 +56,20 @@ def test_cpu_threads_are_shared_out_over_cpu_contexts():
     assert set_cpu_threads([mx.cpu(0), mx.cpu(1)]) == max(1, cores // 2)
     assert set_cpu_threads([mx.cpu(0)], 3) == 3
     assert set_cpu_threads([mx.gpu(0), mx.gpu(1)]) == cores
+
+
+def test_ensemble_bench_writes_speedups_and_png(tmp_path, capsys):
+    out = str(tmp_path / "bench")
+    assert bench.main(["--devices", "cpu", "--ensemble", "2", "4", "--epochs", "2", "--limit", "512",
+                       "--out", out, "--quiet"]) == 0
+    assert "vs sequential" in capsys.readouterr().out
+    with open(os.path.join(out, "bench.json")) as f:
+        rows = json.load(f)["ensembles"]
+    assert [r["members"] for r in rows] == [1, 2, 4]
+    assert rows[0]["speedup_vs_sequential"] == 1.0
+    for r in rows:
+        assert r["member_samples_per_s"] == pytest.approx(512 * r["members"] / r["median_epoch_s"])
+        assert r["speedup_vs_sequential"] == pytest.approx(
+            r["members"] * rows[0]["median_epoch_s"] / r["median_epoch_s"])
+    with open(os.path.join(out, "ensemble.png"), "rb") as f:
+        assert f.read(4) == b"\x89PNG"

@@ -1,0 +1,105 @@
+"""Seed-parallel ensembles: K independently initialized LeNets fused into one network.
+
+Member k is exactly the tutorial LeNet with its own parameters: the members are stacked
+along the channel axis, so the two convolutions are one grouped convolution each
+(``groups=K``) and the three dense layers are one batched matrix product each
+(``batch_dot`` over a member axis). Every layer runs as one operator for all K members,
+which keeps a device busy that one small LeNet leaves idle.
+
+Input ``(B, K, 28, 28)`` (member k's image in channel k), output ``(B, K, 10)``.
+"""
+import mxnet as mx
+from mxnet import gluon, nd
+from mxnet.gluon import nn
+
+from .models import lenet
+
+_CONVS = (("0", 6, 5), ("2", 16, 3))          # LeNet child index, channels, kernel
+_DENSES = (("5", 120, 400), ("6", 84, 120), ("7", 10, 84))  # index, units, in_units
+
+
+class EnsembleLeNet(gluon.HybridBlock):
+    def __init__(self, members, **kwargs):
+        super().__init__(**kwargs)
+        self.members = members
+        k = members
+        with self.name_scope():
+            self.conv1 = nn.Conv2D(6 * k, 5, groups=k, in_channels=k, activation="relu")
+            self.pool1 = nn.MaxPool2D(pool_size=2, strides=2)
+            self.conv2 = nn.Conv2D(16 * k, 3, groups=k, in_channels=6 * k, activation="relu")
+            self.pool2 = nn.MaxPool2D(pool_size=2, strides=2)
+            for i, (_, units, in_units) in enumerate(_DENSES, 1):
+                setattr(self, f"fc{i}_weight", self.params.get(f"fc{i}_weight", shape=(k, units, in_units)))
+                setattr(self, f"fc{i}_bias", self.params.get(f"fc{i}_bias", shape=(k, 1, units),
+                                                             init=mx.init.Zero()))
+
+    def hybrid_forward(self, F, x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, fc3_weight, fc3_bias):
+        x = self.pool2(self.conv2(self.pool1(self.conv1(x))))        # (B, 16K, 5, 5)
+        x = F.transpose(F.reshape(x, shape=(0, self.members, -1)), axes=(1, 0, 2))  # (K, B, 400)
+        layers = ((fc1_weight, fc1_bias), (fc2_weight, fc2_bias), (fc3_weight, fc3_bias))
+        for i, (weight, bias) in enumerate(layers):
+            x = F.broadcast_add(F.batch_dot(x, weight, transpose_b=True), bias)
+            if i < 2:
+                x = F.relu(x)
+        return F.transpose(x, axes=(1, 0, 2))                         # (B, K, 10)
+
+
+def _lenet_arrays(net):
+    return {name: p.data(p.list_ctx()[0]) for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
+
+
+def _ensemble_params(ens):
+    convs = [ens.conv1, ens.conv2]
+    fused = {}
+    for (index, _, _), conv in zip(_CONVS, convs):
+        fused[index + ".weight"], fused[index + ".bias"] = conv.weight, conv.bias
+    for i, (index, _, _) in enumerate(_DENSES, 1):
+        fused[index + ".weight"] = getattr(ens, f"fc{i}_weight")
+        fused[index + ".bias"] = getattr(ens, f"fc{i}_bias")
+    return fused
+
+
+def _materialized(net, shape, ctx):
+    net(nd.zeros(shape, ctx=ctx[0]))
+    return net
+
+
+def combine_members(nets, ctx=None):
+    """An EnsembleLeNet whose member k holds ``nets[k]``'s parameters (copies)."""
+    first = next(iter(nets[0].collect_params().values()))
+    ctx = ctx or first.list_ctx()
+    ens = EnsembleLeNet(len(nets))
+    ens.initialize(ctx=ctx)
+    _materialized(ens, (1, len(nets), 28, 28), ctx)
+    arrays = [_lenet_arrays(n) for n in nets]
+    for name, param in _ensemble_params(ens).items():
+        parts = [a[name].as_in_context(mx.cpu()) for a in arrays]
+        if name.startswith(("0.", "2.")):       # grouped conv: members concatenated on axis 0
+            value = nd.concat(*parts, dim=0)
+        elif name.endswith(".bias"):            # dense bias (K, 1, units)
+            value = nd.stack(*parts).expand_dims(1)
+        else:                                    # dense weight (K, units, in_units)
+            value = nd.stack(*parts)
+        param.set_data(value)
+    return ens
+
+
+def extract_member(ens, k, ctx=None):
+    """An ordinary LeNet with member ``k``'s parameters: savable, loadable, evaluable."""
+    if not 0 <= k < ens.members:
+        raise IndexError(f"member {k} of an ensemble of {ens.members}")
+    first = next(iter(ens.collect_params().values()))
+    ctx = ctx or first.list_ctx()
+    net = lenet()
+    net.initialize(ctx=ctx)
+    _materialized(net, (1, 1, 28, 28), ctx)
+    targets = net._collect_params_with_prefix()  # pylint: disable=protected-access
+    for name, param in _ensemble_params(ens).items():
+        value = param.data(param.list_ctx()[0]).as_in_context(mx.cpu())
+        if name.startswith(("0.", "2.")):
+            size = value.shape[0] // ens.members
+            value = value[k * size:(k + 1) * size]
+        else:
+            value = value[k].reshape(targets[name].shape)
+        targets[name].set_data(value)
+    return net
