@@ -15,9 +15,10 @@ def format_epoch(record, epochs):
         rate = record["samples_per_s"] * len(members)
     else:
         val, rate = f"val-acc {record['val_acc']:.4f}", record["samples_per_s"]
+    workers = f" ({record['workers']} workers)" if record.get("workers", 1) > 1 else ""
     return (f"epoch {record['epoch']:>3}/{epochs}  loss {record['train_loss']:.4f}  "
             f"train-acc {record['train_acc']:.4f}  {val}  "
-            f"{record['seconds']:6.2f} s  {rate:8.0f} samples/s")
+            f"{record['seconds']:6.2f} s  {rate:8.0f} samples/s{workers}")
 
 
 class EpochPrinter:

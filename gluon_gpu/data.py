@@ -161,23 +161,37 @@ class DevicePipeline:
     """
     normalize_in_graph = True
 
-    def __init__(self, images, labels, batch_size, ctx, seed=0, shuffle=True, members=1):
+    def __init__(self, images, labels, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1)):
         self.n, self.batch_size, self.ctx = len(images), batch_size, list(ctx)
         self.seed, self.shuffle, self.members = seed, shuffle, members
+        self.rank, self.workers = shard
+        if self.workers > 1:  # equal steps on every worker: whole global batches only
+            self.n -= self.n % (batch_size * self.workers)
+            if self.n == 0:
+                raise UserError(f"{len(images)} samples do not fill one global batch of "
+                                f"{batch_size} x {self.workers} workers")
         self._images = [nd.array(images, ctx=c, dtype="uint8") for c in self.ctx]
         self._labels = [nd.array(labels, ctx=c, dtype="float32") for c in self.ctx]
 
     def __len__(self):
-        return -(-self.n // self.batch_size)
+        return -(-self.n // (self.batch_size * self.workers))
 
     def epoch(self, epoch, start_batch=0):
-        """Batches of epoch ``epoch``, from batch ``start_batch`` on (to resume mid-epoch)."""
-        order = np.stack([epoch_order(self.n, self.seed + k, epoch, self.shuffle)
+        """Batches of epoch ``epoch``, from batch ``start_batch`` on (to resume mid-epoch).
+
+        With ``shard=(rank, workers)`` (a distributed job) every worker draws the same
+        global order and takes the rank-th slice of each global batch of
+        ``batch_size x workers``: the job sees exactly the batches one process with
+        ``workers`` times the devices would."""
+        total = len(self._images[0])
+        order = np.stack([epoch_order(total, self.seed + k, epoch, self.shuffle)[:self.n]
                           for k in range(self.members)], axis=1).astype(np.int32)
         if self.members == 1:
             order = order[:, 0]
-        for start in range(start_batch * self.batch_size, self.n, self.batch_size):
-            batch = nd.array(order[start:start + self.batch_size], dtype="int32")
+        step = self.batch_size * self.workers
+        for start in range(start_batch * step, self.n, step):
+            batch = nd.array(order[start + self.rank * self.batch_size:
+                                   start + (self.rank + 1) * self.batch_size], dtype="int32")
             shards = gluon.utils.split_and_load(batch, self.ctx, even_split=False)
             yield ([im.take(i) for im, i in zip(self._images, shards)],
                    [lb.take(i) for lb, i in zip(self._labels, shards)])
@@ -227,9 +241,11 @@ PIPELINES = ("device", "loader")
 
 
 def make_pipeline(kind, images, labels, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
-                  members=1):
+                  members=1, shard=(0, 1)):
     if kind == "loader":
         if members > 1:
             raise UserError("--ensemble needs --pipeline device")
+        if shard[1] > 1:
+            raise UserError("a distributed kvstore needs --pipeline device")
         return LoaderPipeline(images, labels, batch_size, ctx, seed, shuffle, num_workers)
-    return DevicePipeline(images, labels, batch_size, ctx, seed, shuffle, members)
+    return DevicePipeline(images, labels, batch_size, ctx, seed, shuffle, members, shard)

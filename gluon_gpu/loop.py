@@ -108,7 +108,9 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
         train = train_epoch(dp, train_pipeline, epoch, log_interval, progress,
                             start_batch if epoch == start_epoch else 0, stop,
                             seconds_before if epoch == start_epoch else 0.0)
-        record = epoch_record(epoch, train, validate(dp, val_pipeline))
+        record = epoch_record(epoch, train, validate(dp, val_pipeline) if dp.rank == 0 else {"val_acc": None})
+        if dp.num_workers > 1:
+            record["workers"] = dp.num_workers
         history.append(record)
         for cb in callbacks:
             cb.on_epoch_end(record, history)

@@ -90,6 +90,8 @@ class DataParallel:
                  initializer=None):
         self.ctx = list(ctx)
         kvstore = kvstore or default_kvstore(self.ctx)
+        store = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
+        kvstore = store.type if store else kvstore
         check_options(self.ctx, kvstore, dtype)
         self.net, self.hybridize, self.dtype = net, hybridize, dtype
         self.members = getattr(net, "members", 1)
@@ -104,10 +106,32 @@ class DataParallel:
         params = dict(optimizer_params or {})
         if dtype == "float16":
             params.setdefault("multi_precision", True)
-        self.kvstore = mx.kv.create(kvstore) if kvstore.startswith("dist") else kvstore
-        self.trainer = gluon.Trainer(net.collect_params(), optimizer, params, kvstore=self.kvstore)
+        self.distributed = kvstore.startswith("dist")
+        self.kvstore = (store or mx.kv.create(kvstore)) if self.distributed else kvstore
+        self.rank = self.kvstore.rank if self.distributed else 0
+        self.num_workers = self.kvstore.num_workers if self.distributed else 1
+        # Synchronous jobs aggregate gradients on the servers and update on every worker
+        # (identical updates: identical replicas); dist_async must update on the servers.
+        self._sync = self.distributed and kvstore != "dist_async"
+        self.trainer = gluon.Trainer(net.collect_params(), optimizer, params, kvstore=self.kvstore,
+                                     update_on_kvstore=False if self._sync else None)
+        if self.distributed:
+            self._start_distributed()
         self._graphs = {}
         self.reset_metrics()
+
+    def _start_distributed(self):
+        """Initialize the parameters on the servers now, and wait for every worker to
+        have pulled them, before any gradient is pushed: MXNet 1.9 with
+        update_on_kvstore=False uses one key for both, and a worker still pulling the
+        initial weights otherwise races another's first gradient push and can receive
+        the gradient sum as its weights (seen here as replicas that differ)."""
+        self.trainer._init_kvstore()  # pylint: disable=protected-access
+        self.trainer._init_params()  # pylint: disable=protected-access
+        nd.waitall()
+        self.kvstore._barrier()  # pylint: disable=protected-access
+        self._metric_key = 1 << 20  # beyond any parameter index
+        self.kvstore.init(self._metric_key, nd.zeros((2 * self.members + 1,)))
 
     # -- the step -----------------------------------------------------------
     def split(self, data, label):
@@ -130,7 +154,8 @@ class DataParallel:
             loss_sum.backward()
         if len(xs) < len(self.ctx):
             self._zero_grads(self.ctx[len(xs):])
-        self.trainer.step(batch_size)
+        # Synchronous workers receive the gradient sum over all workers' equal batches.
+        self.trainer.step(batch_size * (self.num_workers if self._sync else 1))
         for i, (loss_sum, correct) in enumerate(outs):
             self._loss[i] += loss_sum
             self._correct[i] += correct
@@ -146,15 +171,27 @@ class DataParallel:
     def read_metrics(self, reset=True):
         """``{'loss', 'accuracy', 'samples'}`` since the last reset: the one host sync.
         Ensembles: the means over members, and ``member_loss``/``member_accuracy`` lists."""
-        samples = max(self._samples, 1)
-        loss = sum(l.asnumpy() for l in self._loss) / samples
-        acc = sum(c.asnumpy() for c in self._correct) / samples
-        result = {"loss": float(loss.mean()), "accuracy": float(acc.mean()), "samples": self._samples}
+        loss, correct, samples = sum(l.asnumpy() for l in self._loss), \
+            sum(c.asnumpy() for c in self._correct), self._samples
+        if self._sync:  # every worker calls this at the same steps: sum the sums over workers
+            loss, correct, samples = self._allreduce(loss, correct, samples)
+        loss, acc = loss / max(samples, 1), correct / max(samples, 1)
+        result = {"loss": float(loss.mean()), "accuracy": float(acc.mean()), "samples": samples}
         if self.members > 1:
             result["member_loss"], result["member_accuracy"] = loss.tolist(), acc.tolist()
         if reset:
             self.reset_metrics()
         return result
+
+    def _allreduce(self, loss, correct, samples):
+        import numpy as np
+        local = nd.array(np.concatenate([loss, correct, [samples]]))
+        self.kvstore.push(self._metric_key, local)
+        total = nd.zeros(local.shape)
+        self.kvstore.pull(self._metric_key, out=total)
+        total = total.asnumpy()
+        k = self.members
+        return total[:k], total[k:2 * k], int(round(total[-1]))
 
     def metric_state(self):
         """The running sums behind ``read_metrics``, per device (for checkpoints)."""

@@ -19,7 +19,7 @@ from .devices import describe, devices
 from .errors import DivergedError, UserError
 from .loop import Interrupted, StopFlag, fit
 from .models import init_model
-from .parallel import DTYPES, KVSTORES, DataParallel, default_kvstore
+from .parallel import DTYPES, KVSTORES, DataParallel, check_options, default_kvstore
 
 OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
@@ -143,18 +143,24 @@ def _epochs_list(text):
 
 
 def build(args, ctx):
-    """Data, network and DataParallel for ``args`` on ``ctx``: shared by train and bench."""
+    """Data, network and DataParallel for ``args`` on ``ctx``: shared by train and bench.
+
+    With a distributed kvstore each worker trains on its shard of every global batch
+    (``--batch-size`` is per worker; the global batch is that times the workers)."""
     check_batch(args.batch_size, ctx)
+    check_options(ctx, args.kvstore, args.dtype)
     data_dir = find_data_dir(args.data_dir, "train")
     train_x, train_y = load_split("train", data_dir, args.limit)
     test_x, test_y = load_split("test", find_data_dir(args.data_dir, "test"))
+    store = mx.kv.create(args.kvstore) if args.kvstore and args.kvstore.startswith("dist") else None
+    shard = (store.rank, store.num_workers) if store else (0, 1)
     net = init_model(args.model, args.seed, ctx, args.ensemble)
     train = make_pipeline(args.pipeline, train_x, train_y, args.batch_size, ctx, args.seed,
-                          shuffle=True, num_workers=args.num_workers, members=args.ensemble)
+                          shuffle=True, num_workers=args.num_workers, members=args.ensemble, shard=shard)
     val = make_pipeline(args.pipeline, test_x, test_y, args.batch_size, ctx, args.seed,
                         shuffle=False, num_workers=args.num_workers, members=args.ensemble)
     dp = DataParallel(net, ctx, args.optimizer, optimizer_params(args, len(train)),
-                      kvstore=args.kvstore, hybridize=args.hybridize,
+                      kvstore=store or args.kvstore, hybridize=args.hybridize,
                       normalize_in_graph=train.normalize_in_graph, dtype=args.dtype)
     return dp, train, val, data_dir
 
@@ -162,12 +168,15 @@ def build(args, ctx):
 class Checkpointer:
     """Callback: a checkpoint every ``period`` epochs and at the end (see checkpoint.py)."""
 
-    def __init__(self, out, dp, batches_per_epoch, config, period, keep):
+    def __init__(self, out, dp, batches_per_epoch, config, period, keep, chief=True):
         self.out, self.dp, self.batches, self.config = out, dp, batches_per_epoch, config
-        self.period, self.keep = period, keep
+        self.period, self.keep, self.chief = period, keep, chief
         self.last = None
 
     def save(self, epoch, batch, history, seconds=0.0):
+        """Write a checkpoint (rank 0 of a distributed job only) and return its directory."""
+        if not self.chief:
+            return None
         state = {"step": epoch * self.batches + batch, "epoch": epoch, "batch": batch,
                  "seconds": seconds, "metrics": self.dp.metric_state(), "history": history,
                  "config": self.config}
@@ -206,15 +215,19 @@ def main(argv=None):
         args, ckpt_dir, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
     with devices(args.devices, args.omp_threads) as ctx:
         check_batch(args.batch_size, ctx)
-        out = args.out if args.resume else prepare_out_dir(args.out, create=not args.dry_run)
-        if args.resume:
-            check_writable(out)
+        check_options(ctx, args.kvstore, args.dtype)
+        out = args.out if args.resume else prepare_out_dir(args.out, create=False)
         dp, train, val, data_dir = build(args, ctx)
-        what = f"{args.ensemble} x {args.model}" if args.ensemble > 1 else args.model
-        print(f"gluon_gpu {__version__} | {what} on {describe(ctx)} | kvstore "
-              f"{args.kvstore or default_kvstore(ctx)} | batch {args.batch_size} "
-              f"({args.batch_size // len(ctx)}+ per device) | {train.n} samples "
-              f"from {data_dir} | out {out}", flush=True)
+        chief = dp.rank == 0  # in a distributed job only rank 0 writes and prints
+        if chief and not args.dry_run:
+            check_writable(out)
+        if chief:
+            what = f"{args.ensemble} x {args.model}" if args.ensemble > 1 else args.model
+            workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
+            print(f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers} | kvstore "
+                  f"{args.kvstore or default_kvstore(ctx)} | batch {args.batch_size} "
+                  f"({args.batch_size // len(ctx)}+ per device) | {train.n} samples "
+                  f"from {data_dir} | out {out}", flush=True)
         if args.dry_run:
             return 0
         start_epoch = start_batch = 0
@@ -227,19 +240,32 @@ def main(argv=None):
             if start_epoch >= args.epochs:
                 print(f"{out} already finished {start_epoch} epochs; pass --epochs N to train more")
                 return 0
-            print(f"resuming from {ckpt_dir} (epoch {start_epoch + 1}, batch {start_batch + 1})")
-        return _train(args, ctx, out, dp, train, val, data_dir, history,
-                      start_epoch, start_batch, seconds_before)
+            if chief:
+                print(f"resuming from {ckpt_dir} (epoch {start_epoch + 1}, batch {start_batch + 1})")
+        code = _train(args, ctx, out, dp, train, val, data_dir, history,
+                      start_epoch, start_batch, seconds_before, chief)
+        _save_replica(dp)
+        return code
 
 
-def _train(args, ctx, out, dp, train, val, data_dir, history, start_epoch, start_batch, seconds_before):
+def _save_replica(dp):
+    """Debugging aid for distributed jobs: with $GLUON_GPU_REPLICA_DIR set, every worker
+    saves its final parameters there as rank-N.params (replicas must agree)."""
+    directory = os.environ.get("GLUON_GPU_REPLICA_DIR")
+    if directory and dp.distributed:
+        os.makedirs(directory, exist_ok=True)
+        save_parameters(dp.net, os.path.join(directory, f"rank-{dp.rank}.params"))
+
+
+def _train(args, ctx, out, dp, train, val, data_dir, history, start_epoch, start_batch,
+           seconds_before, chief=True):
     config = {k: v for k, v in vars(args).items() if k not in NOT_CONFIG}
-    header = {"config": config, "devices": [str(c) for c in ctx],
+    header = {"config": config, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
               "mxnet": mx.__version__, "gluon_gpu": __version__, "data_dir": data_dir}
     callbacks = [EpochPrinter(args.epochs, lambda line: print(line, flush=True)),
                  MetricsFile(os.path.join(out, "metrics.json"), header),
-                 CurvesPlot(os.path.join(out, "curves.png"))]
-    checkpointer = Checkpointer(out, dp, len(train), config, args.save_period, args.keep)
+                 CurvesPlot(os.path.join(out, "curves.png"))] if chief else []
+    checkpointer = Checkpointer(out, dp, len(train), config, args.save_period, args.keep, chief)
     last_good = _KeepLastGood(dp.net, start_epoch)
     stop = StopFlag()
     _stop_on_signals(stop)
@@ -260,7 +286,8 @@ def _train(args, ctx, out, dp, train, val, data_dir, history, start_epoch, start
         return 128 + stop.signum
     except DivergedError as e:
         history = _metrics_history(out, history)
-        last_good.snapshot.save(os.path.join(out, "net.params"))
+        if chief:
+            last_good.snapshot.save(os.path.join(out, "net.params"))
         for cb in callbacks:
             cb.on_train_end(history, "diverged")
         kept = f"; last good checkpoint {checkpointer.last}" if checkpointer.last else ""
@@ -269,10 +296,11 @@ def _train(args, ctx, out, dp, train, val, data_dir, history, start_epoch, start
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
-    save_parameters(dp.net, os.path.join(out, "net.params"))
-    for cb in callbacks:
-        cb.on_train_end(history, status)
-    print(f"saved {out}/net.params, {out}/metrics.json, {out}/curves.png, checkpoints in {out}/checkpoints")
+    if chief:
+        save_parameters(dp.net, os.path.join(out, "net.params"))
+        for cb in callbacks:
+            cb.on_train_end(history, status)
+        print(f"saved {out}/net.params, {out}/metrics.json, {out}/curves.png, checkpoints in {out}/checkpoints")
     return 0
 
 

@@ -1,0 +1,160 @@
+"""Distributed training on MXNet's parameter-server kvstore, on loopback, and the launcher."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from gluon_gpu import launch, train
+
+from conftest import read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = [sys.executable, "-m", "gluon_gpu.train", "--kvstore", "dist_sync", "--devices", "cpu",
+         "--quiet", "--limit", "6400", "--batch-size", "64"]
+
+
+def run_launch(args, job, timeout=240, **kw):
+    env = {**os.environ, "PYTHONPATH": REPO, launch.JOB_ENV: job, **kw.pop("env", {})}
+    return subprocess.Popen([sys.executable, "-m", "gluon_gpu.launch"] + args, cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def job_processes(job):
+    """(pid, DMLC_ROLE) of every live process carrying the job's marker."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    continue  # a zombie is already dead
+        except OSError:
+            continue
+        if env.get(launch.JOB_ENV.encode()) == job.encode():
+            found.append((int(pid), env.get(b"DMLC_ROLE", b"").decode()))
+    return found
+
+
+def params(path):
+    return {k: v.asnumpy() for k, v in mx.nd.load(str(path)).items()}
+
+
+@pytest.fixture(scope="module")
+def two_worker_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    job = uuid.uuid4().hex
+    proc = run_launch(["-n", "2", "-s", "1", "--timeout", "200", "--"] + TRAIN +
+                      ["--epochs", "1", "--out", str(root / "run")], job,
+                      env={"GLUON_GPU_REPLICA_DIR": str(root / "replicas")})
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert job_processes(job) == []
+    return root, out
+
+
+def test_two_workers_hold_identical_replicas_and_learn(two_worker_run):
+    root, printed = two_worker_run
+    r0, r1 = params(root / "replicas" / "rank-0.params"), params(root / "replicas" / "rank-1.params")
+    for k in r0:
+        np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
+    m = read_metrics(str(root / "run"))
+    assert m["workers"] == 2 and m["status"] == "finished"
+    assert m["epochs"][0]["val_acc"] > 0.5  # chance is 0.1
+    assert "(2 workers)" in printed and printed.count("epoch   1/1") == 1  # rank 0 prints alone
+
+
+def test_two_workers_equal_one_process_with_the_same_global_batch(two_worker_run, tmp_path):
+    """Worker r takes the r-th slice of each global batch, so 2 workers x 64 train exactly
+    what one process on 2 devices with a batch of 128 trains (up to float error)."""
+    root, _ = two_worker_run
+    single = str(tmp_path / "single")
+    assert train.main(["--devices", "cpu*2", "--quiet", "--limit", "6400", "--batch-size", "128",
+                       "--epochs", "1", "--out", single]) == 0
+    want, got = params(os.path.join(single, "net.params")), params(root / "run" / "net.params")
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    a, b = read_metrics(single)["epochs"][0], read_metrics(str(root / "run"))["epochs"][0]
+    assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    assert a["val_acc"] == pytest.approx(b["val_acc"], abs=2e-3)
+
+
+def test_a_dead_worker_stops_the_whole_job_and_leaves_no_process(tmp_path):
+    job = uuid.uuid4().hex
+    proc = run_launch(["-n", "2", "-s", "1", "--grace", "3", "--"] + TRAIN +
+                      ["--epochs", "100", "--out", str(tmp_path / "run")], job)
+    deadline = time.time() + 120
+    while not os.path.exists(tmp_path / "run" / "metrics.json"):  # training is under way
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    workers = [pid for pid, role in job_processes(job) if role == "worker"]
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)
+    killed_at = time.time()
+    _, err = proc.communicate(timeout=60)
+    assert time.time() - killed_at < 20  # bounded: the poll, then SIGTERM, grace, SIGKILL
+    assert proc.returncode == 1
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("gluon_gpu.launch: worker ") and "killed by SIGKILL" in lines[-1]
+    time.sleep(0.5)
+    assert job_processes(job) == []
+
+
+def test_timeout_stops_a_job(tmp_path):
+    job = uuid.uuid4().hex
+    proc = run_launch(["-n", "1", "--timeout", "4", "--grace", "2", "--", sys.executable, "-c",
+                       "import time; time.sleep(600)"], job)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "timed out after 4 s" in err
+    assert job_processes(job) == []
+
+
+def test_hostfile_plan_runs_over_ssh_round_robin(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode1\nalice@node2:2222\n")
+    args = launch.build_parser().parse_args(["-n", "3", "-s", "2", "--hostfile", str(hostfile),
+                                             "--scheduler-host", "10.0.0.5", "--", "python", "train.py"])
+    procs = launch.plan(args, "job1", 9000, launch.read_hostfile(str(hostfile)), cwd="/work dir")
+    roles = [(role, i, host) for role, i, host, _, _ in procs]
+    assert roles == [("scheduler", 0, None), ("server", 0, "node1"), ("server", 1, "alice@node2:2222"),
+                     ("worker", 0, "node1"), ("worker", 1, "alice@node2:2222"), ("worker", 2, "node1")]
+    _, _, _, argv, env = procs[4]
+    assert argv[:5] == ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes"]
+    assert argv[5:8] == ["-p", "2222", "alice@node2"]
+    remote = argv[8]
+    assert remote.startswith("cd '/work dir' && env ")
+    for assignment in ("DMLC_ROLE=worker", "DMLC_PS_ROOT_URI=10.0.0.5", "DMLC_PS_ROOT_PORT=9000",
+                       "DMLC_NUM_SERVER=2", "DMLC_NUM_WORKER=3", "GLUON_GPU_JOB=job1"):
+        assert assignment in remote
+    assert remote.endswith(" python train.py")
+    scheduler = procs[0]
+    assert scheduler[3][1:] == ["-c", "import mxnet"] and scheduler[4]["DMLC_ROLE"] == "scheduler"
+
+
+def test_local_plan_uses_loopback():
+    args = launch.build_parser().parse_args(["-n", "2", "--", "echo"])
+    procs = launch.plan(args, "j", 1234)
+    assert {env["DMLC_PS_ROOT_URI"] for *_, env in procs} == {"127.0.0.1"}
+    assert [p[0] for p in procs] == ["scheduler", "server", "worker", "worker"]
+
+
+def test_launcher_usage_errors(tmp_path, capsys):
+    assert launch.main(["-n", "2"]) == 2
+    assert "no worker command" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        launch.main(["-n", "2", "--hostfile", str(tmp_path / "none"), "--", "true"])
+    assert "cannot read --hostfile" in str(e.value)
+
+
+def test_dist_kvstore_outside_a_job_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    assert train.main(["--kvstore", "dist_sync", "--devices", "cpu", "--out", str(tmp_path / "r")]) == 2
+    assert "gluon_gpu.launch" in capsys.readouterr().err
