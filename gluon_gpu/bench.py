@@ -40,6 +40,9 @@ def build_parser():
     p.add_argument("--ensemble", type=positive_int, nargs="+", default=None, metavar="K",
                    help="ensemble mode: time K fused LeNets per K (on the first --devices spec) "
                         "against K x the K=1 epoch")
+    p.add_argument("--workers", type=positive_int, nargs="+", default=None, metavar="W",
+                   help="distributed mode: time a dist_sync job of W local workers (same global "
+                        "batch, the first --devices spec each) against one plain process")
     p.add_argument("--limit", type=positive_int, default=None, help="first N training samples only")
     p.add_argument("--out", default="bench-out", help="directory for bench.json and scaling.png")
     return p
@@ -259,6 +262,52 @@ def run_ensembles(args):
     return 0
 
 
+def time_job(args, workers, out):
+    """Median epoch seconds of a real training run: one plain process (``workers=0``) or a
+    dist_sync job of that many local workers started by gluon_gpu.launch."""
+    per_worker = args.batch_size // max(workers, 1)
+    cmd = [sys.executable, "-m", "gluon_gpu.train", "--devices", args.devices[0], "--quiet",
+           "--epochs", str(args.epochs), "--batch-size", str(per_worker), "--out", out,
+           "--save-period", str(args.epochs)] + (["--limit", str(args.limit)] if args.limit else []) \
+        + (["--data-dir", args.data_dir] if args.data_dir else [])
+    if workers:
+        cmd = [sys.executable, "-m", "gluon_gpu.launch", "-n", str(workers), "-s", "1", "--"] + \
+            cmd + ["--kvstore", "dist_sync"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-500:]}")
+    import json
+    with open(os.path.join(out, "metrics.json")) as f:
+        epochs = json.load(f)["epochs"]
+    seconds = [e["seconds"] for e in epochs]
+    return {"seconds": seconds, "val_acc": epochs[-1]["val_acc"]}
+
+
+def run_workers(args):
+    rows = []
+    sizes = [0] + sorted(set(args.workers))
+    with tqdm(total=len(sizes), desc="bench", unit="job", disable=not progress_enabled(args)) as bar:
+        for w in sizes:
+            run = time_job(args, w, os.path.join(args.out, f"job-{w}-workers"))
+            samples = args.limit or 60000
+            name = "1 process" if w == 0 else f"{w} worker{'s' if w > 1 else ''}"
+            rows.append({**summarize(name, [run], samples, len(parse_devices(args.devices[0]))), "workers": w})
+            bar.update(1)
+    base = rows[0]["median_epoch_s"]
+    head = f"{'job':<12}{'first s':>9}{'median s':>10}{'samples/s':>11}{'time vs 1 process':>20}"
+    lines = [f"distributed dist_sync jobs on {args.devices[0]} per worker, global batch {args.batch_size}",
+             head, "-" * len(head)]
+    for r in rows:
+        r["overhead_ratio"] = r["median_epoch_s"] / base
+        lines.append(f"{r['name']:<12}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
+                     f"{r['samples_per_s']:>11.0f}{r['overhead_ratio']:>19.2f}x")
+    print("\n".join(lines))
+    write_json(os.path.join(args.out, "bench.json"),
+               {"config": vars(args), "machine": machine_info(), "workers": rows})
+    print(f"wrote {args.out}/bench.json")
+    return 0
+
+
 @main_guard("gluon_gpu.bench")
 def main(argv=None):
     args = build_parser().parse_args(argv)
@@ -268,6 +317,8 @@ def main(argv=None):
     train.check_writable(args.out)
     if args.ensemble:
         return run_ensembles(args)
+    if args.workers:
+        return run_workers(args)
     data_dir = find_data_dir(args.data_dir, "train")
     data = (*load_split("train", data_dir, args.limit), *load_split("test", find_data_dir(args.data_dir, "test")))
     total = args.epochs * args.repeats * (len(args.devices) + (args.baseline == "tutorial"))

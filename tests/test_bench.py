@@ -73,3 +73,17 @@ def test_ensemble_bench_writes_speedups_and_png(tmp_path, capsys):
             r["members"] * rows[0]["median_epoch_s"] / r["median_epoch_s"])
     with open(os.path.join(out, "ensemble.png"), "rb") as f:
         assert f.read(4) == b"\x89PNG"
+
+
+def test_workers_bench_times_real_jobs(tmp_path, capsys, monkeypatch):
+    out = str(tmp_path / "bench")
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert bench.main(["--devices", "cpu", "--workers", "2", "--epochs", "2", "--limit", "1024",
+                       "--batch-size", "128", "--out", out, "--quiet"]) == 0
+    assert "time vs 1 process" in capsys.readouterr().out
+    with open(os.path.join(out, "bench.json")) as f:
+        rows = json.load(f)["workers"]
+    assert [r["workers"] for r in rows] == [0, 2]
+    assert rows[0]["overhead_ratio"] == 1.0
+    assert rows[1]["overhead_ratio"] == pytest.approx(rows[1]["median_epoch_s"] / rows[0]["median_epoch_s"])
+    assert rows[1]["val_acc"] > 0.1
