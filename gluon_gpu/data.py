@@ -188,11 +188,16 @@ class DevicePipeline:
                           for k in range(self.members)], axis=1).astype(np.int32)
         if self.members == 1:
             order = order[:, 0]
+        # The epoch's order goes to every device once; a batch is then views of it,
+        # partitioned by gluon's own split (even_split=False): no copy per batch.
+        on_device = [nd.array(order, ctx=c, dtype="int32") for c in self.ctx]
         step = self.batch_size * self.workers
         for start in range(start_batch * step, self.n, step):
-            batch = nd.array(order[start + self.rank * self.batch_size:
-                                   start + (self.rank + 1) * self.batch_size], dtype="int32")
-            shards = gluon.utils.split_and_load(batch, self.ctx, even_split=False)
+            lo = min(start + self.rank * self.batch_size, self.n)
+            hi = min(lo + self.batch_size, self.n)
+            used = min(len(self.ctx), hi - lo)  # a tiny last batch uses fewer devices
+            shards = [gluon.utils.split_data(idx[lo:hi], used, even_split=False)[i]
+                      for i, idx in enumerate(on_device[:used])]
             yield ([im.take(i) for im, i in zip(self._images, shards)],
                    [lb.take(i) for lb, i in zip(self._labels, shards)])
 

@@ -3,7 +3,6 @@ two ways a loop stops early: a NaN/inf loss, or a stop request (Ctrl-C, SIGTERM)
 import math
 import time
 
-from mxnet import nd
 from tqdm import tqdm
 
 from .errors import DivergedError
@@ -30,21 +29,6 @@ class StopFlag:
         return self.signum is not None
 
 
-class _NonFiniteWatch:
-    """Remembers, on the device, the first step whose loss was NaN/inf: no host sync per
-    batch, yet the exact step is known at the next read."""
-
-    def __init__(self, ctx):
-        self.first = nd.zeros((1,), ctx=ctx)
-
-    def update(self, loss, step):
-        bad = (loss * 0 != 0)  # 0 for a finite loss, 1 for NaN or +-inf
-        self.first = nd.where(self.first > 0, self.first, bad * step)
-
-    def read(self):
-        return int(self.first.asscalar())
-
-
 def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batch=0,
                 stop=None, seconds_before=0.0):
     """One pass over ``pipeline`` (epoch index ``epoch``, 0-based), from ``start_batch``.
@@ -55,19 +39,19 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
     bounds how far Python runs ahead of the engine and feeds the progress bar.
     """
     batches = len(pipeline)
-    watch = _NonFiniteWatch(dp.ctx[0])
     bar = tqdm(total=batches, initial=start_batch, desc=f"epoch {epoch + 1}", leave=False,
                disable=not progress, unit="batch", dynamic_ncols=True)
     start = time.perf_counter()
     done = start_batch
     with bar:
         for i, (data, label) in enumerate(pipeline.epoch(epoch, start_batch), start_batch + 1):
-            watch.update(dp.step(data, label), epoch * batches + i)
+            dp.step(data, label, return_loss=False)
             if i % log_interval == 0 or i == batches or stop:
-                bad_step = watch.read()
-                if bad_step:
-                    raise DivergedError(f"loss became NaN/inf at step {bad_step} "
-                                        f"(epoch {epoch + 1}, batch {bad_step - epoch * batches})")
+                bad = dp.first_nonfinite_step()
+                if bad:
+                    batch = done + bad
+                    raise DivergedError(f"loss became NaN/inf at step {epoch * batches + batch} "
+                                        f"(epoch {epoch + 1}, batch {batch})")
                 bar.update(i - done)
                 bar.set_postfix(loss=f"{dp.read_metrics(reset=False)['loss']:.4f}")
                 done = i

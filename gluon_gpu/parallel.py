@@ -13,6 +13,7 @@ when ``read_metrics`` is called.
 """
 import os
 
+import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
@@ -143,9 +144,10 @@ class DataParallel:
         return (gluon.utils.split_and_load(data, ctx, even_split=False),
                 gluon.utils.split_and_load(label, ctx, even_split=False))
 
-    def step(self, data, label):
+    def step(self, data, label, return_loss=True):
         """Forward, backward and one optimizer update on a batch; returns the batch's mean
-        loss as a lazy NDArray on the first device (reading it forces a sync)."""
+        loss as a lazy NDArray on the first device (reading it forces a sync), or None
+        with ``return_loss=False`` (the epoch loop: a few operators fewer per step)."""
         xs, ys = self.split(data, label)
         batch_size = sum(x.shape[0] for x in xs)
         with autograd.record():
@@ -156,10 +158,10 @@ class DataParallel:
             self._zero_grads(self.ctx[len(xs):])
         # Synchronous workers receive the gradient sum over all workers' equal batches.
         self.trainer.step(batch_size * (self.num_workers if self._sync else 1))
-        for i, (loss_sum, correct) in enumerate(outs):
-            self._loss[i] += loss_sum
-            self._correct[i] += correct
+        self._pending.append(outs)  # summed on the devices at the next read, not per step
         self._samples += batch_size
+        if not return_loss:
+            return None
         total = nd.add_n(*[l.as_in_context(self.ctx[0]) for l, _ in outs])
         return nd.sum(total) / (batch_size * self.members)
 
@@ -167,10 +169,29 @@ class DataParallel:
         self._loss = [nd.zeros((self.members,), ctx=c) for c in self.ctx]
         self._correct = [nd.zeros((self.members,), ctx=c) for c in self.ctx]
         self._samples = 0
+        self._pending = []
+
+    def first_nonfinite_step(self):
+        """Fold the steps since the last call into the running sums; return the 1-based
+        position among them of the first whose loss was NaN/inf, else None. Costs one
+        add per device per call, and per-step reads only when something went wrong."""
+        pending, self._pending = self._pending, []
+        for i in range(len(self.ctx)):
+            losses = [outs[i][0] for outs in pending if i < len(outs)]
+            if losses:
+                self._loss[i] += nd.add_n(*losses)
+                self._correct[i] += nd.add_n(*[outs[i][1] for outs in pending if i < len(outs)])
+        if all(np.isfinite(l.asnumpy()).all() for l in self._loss):
+            return None
+        for position, outs in enumerate(pending, 1):
+            if not all(np.isfinite(loss.asnumpy()).all() for loss, _ in outs):
+                return position
+        return 1  # the sums were already non-finite before these steps
 
     def read_metrics(self, reset=True):
         """``{'loss', 'accuracy', 'samples'}`` since the last reset: the one host sync.
         Ensembles: the means over members, and ``member_loss``/``member_accuracy`` lists."""
+        self.first_nonfinite_step()
         loss, correct, samples = sum(l.asnumpy() for l in self._loss), \
             sum(c.asnumpy() for c in self._correct), self._samples
         if self._sync:  # every worker calls this at the same steps: sum the sums over workers
@@ -184,7 +205,6 @@ class DataParallel:
         return result
 
     def _allreduce(self, loss, correct, samples):
-        import numpy as np
         local = nd.array(np.concatenate([loss, correct, [samples]]))
         self.kvstore.push(self._metric_key, local)
         total = nd.zeros(local.shape)
@@ -195,6 +215,7 @@ class DataParallel:
 
     def metric_state(self):
         """The running sums behind ``read_metrics``, per device (for checkpoints)."""
+        self.first_nonfinite_step()
         return {"loss": [l.asnumpy().tolist() for l in self._loss],
                 "correct": [c.asnumpy().tolist() for c in self._correct], "samples": self._samples}
 
