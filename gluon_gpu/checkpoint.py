@@ -166,3 +166,19 @@ def load_checkpoint(directory, dp):
     dp.trainer.load_states(os.path.join(directory, "trainer.states"))
     if scheduler is not None:
         dp.trainer.optimizer.lr_scheduler = scheduler
+    _check_state_shapes(dp.trainer, directory)
+
+
+def _check_state_shapes(trainer, directory):
+    """Trainer states are stored by parameter index; refuse states that do not fit."""
+    updaters = getattr(trainer, "_updaters", None) or []
+    states = updaters[0].states if updaters else {}
+    params = trainer._params  # pylint: disable=protected-access
+    for index, state in states.items():
+        arrays = state if isinstance(state, (list, tuple)) else [state]
+        for array in arrays:
+            if hasattr(array, "shape") and array.shape != params[index].shape:
+                from .errors import ParamsError
+                raise ParamsError(f"{directory}/trainer.states does not fit this network "
+                                  f"(state {index} has shape {array.shape}, parameter "
+                                  f"{params[index].name} {params[index].shape})")

@@ -15,16 +15,23 @@ ZOO_MODELS = ("cifar_resnet20_v1", "cifar_resnet20_v2", "cifar_resnet56_v1",
 
 
 def lenet():
-    """LeNet exactly as in MXNet's 'Use GPUs' tutorial, hybridizable."""
+    """LeNet exactly as in MXNet's 'Use GPUs' tutorial, hybridizable.
+
+    The layers are made inside the net's name scope, so their parameter names do not
+    depend on how many layers the process made before. That matters: ``gluon.Trainer``
+    numbers parameters by sorted name and ``save_states`` stores optimizer state by that
+    number, so with global names (conv9 vs conv10 sort differently) a resume in another
+    process state would hand one layer's momentum to another."""
     net = nn.HybridSequential()
-    net.add(nn.Conv2D(channels=6, kernel_size=5, activation="relu"),
-            nn.MaxPool2D(pool_size=2, strides=2),
-            nn.Conv2D(channels=16, kernel_size=3, activation="relu"),
-            nn.MaxPool2D(pool_size=2, strides=2),
-            nn.Flatten(),
-            nn.Dense(120, activation="relu"),
-            nn.Dense(84, activation="relu"),
-            nn.Dense(10))
+    with net.name_scope():
+        net.add(nn.Conv2D(channels=6, kernel_size=5, activation="relu"),
+                nn.MaxPool2D(pool_size=2, strides=2),
+                nn.Conv2D(channels=16, kernel_size=3, activation="relu"),
+                nn.MaxPool2D(pool_size=2, strides=2),
+                nn.Flatten(),
+                nn.Dense(120, activation="relu"),
+                nn.Dense(84, activation="relu"),
+                nn.Dense(10))
     return net
 
 

@@ -56,6 +56,20 @@ def test_stop_and_resume_equals_straight_training(straight, tmp_path):
     assert m["status"] == "finished" and m["config"]["epochs"] == 4
 
 
+def test_trainer_state_order_does_not_depend_on_layers_made_before():
+    """gluon.Trainer numbers parameters by sorted name and save_states stores optimizer
+    state by number; names must sort the same in every process (conv9 vs conv10 do not)."""
+    from gluon_gpu.models import lenet
+
+    def trainer_order(net):
+        structural = {id(p): name for name, p in net._collect_params_with_prefix().items()}
+        return [structural[id(p)] for _, p in sorted(net.collect_params().items())]
+    reference = trainer_order(lenet())
+    for _ in range(120):  # crosses a power of ten of Gluon's global layer counters
+        mx.gluon.nn.Conv2D(1, 1), mx.gluon.nn.Dense(1)
+        assert trainer_order(lenet()) == reference
+
+
 def test_checkpoint_holds_everything_to_resume(straight):
     directory, state = latest_checkpoint(straight)
     assert os.path.basename(directory) == "step-00000080"  # 4 epochs x 20 batches
