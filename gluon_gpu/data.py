@@ -13,7 +13,6 @@ import os
 import struct
 
 import numpy as np
-import mxnet as mx
 from mxnet import gluon, nd
 from mxnet.gluon.data.vision import transforms
 

@@ -1,6 +1,5 @@
 """The epoch loop: steps, one host sync per log interval, validation, callbacks, and the
 two ways a loop stops early: a NaN/inf loss, or a stop request (Ctrl-C, SIGTERM)."""
-import math
 import time
 
 from tqdm import tqdm

@@ -4,7 +4,6 @@ import struct
 
 import numpy as np
 import pytest
-from mxnet import nd
 
 from gluon_gpu import data
 from gluon_gpu.errors import DataError
