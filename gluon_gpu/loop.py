@@ -5,6 +5,7 @@ import time
 from tqdm import tqdm
 
 from .errors import DivergedError
+from .parallel import MAX_PENDING
 
 
 class Interrupted(Exception):
@@ -38,6 +39,7 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
     bounds how far Python runs ahead of the engine and feeds the progress bar.
     """
     batches = len(pipeline)
+    log_interval = min(log_interval, MAX_PENDING)  # the exact NaN step needs held outputs
     bar = tqdm(total=batches, initial=start_batch, desc=f"epoch {epoch + 1}", leave=False,
                disable=not progress, unit="batch", dynamic_ncols=True)
     start = time.perf_counter()

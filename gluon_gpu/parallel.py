@@ -20,6 +20,7 @@ from mxnet import autograd, gluon, nd
 from .data import Normalize
 from .errors import UserError
 
+MAX_PENDING = 512  # steps whose outputs are held between metric reads
 KVSTORES = ("device", "local", "nccl", "dist_sync", "dist_device_sync", "dist_async")
 DTYPES = ("float32", "float16")
 
@@ -159,6 +160,9 @@ class DataParallel:
         # Synchronous workers receive the gradient sum over all workers' equal batches.
         self.trainer.step(batch_size * (self.num_workers if self._sync else 1))
         self._pending.append(outs)  # summed on the devices at the next read, not per step
+        if len(self._pending) >= MAX_PENDING:  # a loop that never reads: bound what is held
+            self._fold(self._pending)
+            self._pending = []
         self._samples += batch_size
         if not return_loss:
             return None
@@ -176,17 +180,20 @@ class DataParallel:
         position among them of the first whose loss was NaN/inf, else None. Costs one
         add per device per call, and per-step reads only when something went wrong."""
         pending, self._pending = self._pending, []
-        for i in range(len(self.ctx)):
-            losses = [outs[i][0] for outs in pending if i < len(outs)]
-            if losses:
-                self._loss[i] += nd.add_n(*losses)
-                self._correct[i] += nd.add_n(*[outs[i][1] for outs in pending if i < len(outs)])
+        self._fold(pending)
         if all(np.isfinite(l.asnumpy()).all() for l in self._loss):
             return None
         for position, outs in enumerate(pending, 1):
             if not all(np.isfinite(loss.asnumpy()).all() for loss, _ in outs):
                 return position
         return 1  # the sums were already non-finite before these steps
+
+    def _fold(self, pending):
+        for i in range(len(self.ctx)):
+            losses = [outs[i][0] for outs in pending if i < len(outs)]
+            if losses:
+                self._loss[i] += nd.add_n(*losses)
+                self._correct[i] += nd.add_n(*[outs[i][1] for outs in pending if i < len(outs)])
 
     def read_metrics(self, reset=True):
         """``{'loss', 'accuracy', 'samples'}`` since the last reset: the one host sync.

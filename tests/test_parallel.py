@@ -141,3 +141,14 @@ def test_nccl_on_gpus_needs_an_nccl_build():
 
 def test_float16_accepted_for_gpu_contexts():
     check_options([mx.gpu(0)], kvstore="device", dtype="float16")
+
+
+def test_a_loop_that_never_reads_holds_a_bounded_number_of_steps(train_slice, monkeypatch):
+    import gluon_gpu.parallel as parallel
+    monkeypatch.setattr(parallel, "MAX_PENDING", 3)
+    dp = make_dp([mx.cpu(0)])
+    batches = host_batches(train_slice, [32] * 7)
+    losses = [float(dp.step(x, y).asscalar()) for x, y in batches]
+    assert len(dp._pending) < 3
+    m = dp.read_metrics()
+    assert m["samples"] == 7 * 32 and m["loss"] == pytest.approx(np.mean(losses), rel=1e-5)
