@@ -67,17 +67,21 @@ class _Graph(gluon.HybridBlock):
         out = self.net(x.astype(self._dtype))          # (b, 10) or (b, K, 10)
         y = y.astype(self._dtype)                      # (b,) or (b, K)
         hit = F.argmax(out, axis=-1) == y
-        correct = F.sum(F.reshape(hit, shape=(-1, self._members)), axis=0)
+        correct = self._f32(F, F.sum(F.reshape(hit, shape=(-1, self._members)), axis=0))
         if self.loss_fn is None:
             if self._members == 1:
                 return correct
             vote = F.argmax(F.mean(F.softmax(out, axis=-1), axis=1), axis=-1)
             first = F.reshape(F.slice_axis(y, axis=1, begin=0, end=1), shape=(-1,))
-            return F.concat(correct, F.sum(vote == first, axis=0, keepdims=True), dim=0)
+            return F.concat(correct, self._f32(F, F.sum(vote == first, axis=0, keepdims=True)), dim=0)
         if self._members > 1:
             out, y = F.reshape(out, shape=(-3, -2)), F.reshape(y, shape=(-1,))
         loss = F.reshape(self.loss_fn(out, y), shape=(-1, self._members))
-        return F.sum(loss, axis=0), correct
+        return self._f32(F, F.sum(loss, axis=0)), correct
+
+    def _f32(self, F, x):
+        """Sums leave the graph as float32 (the device accumulators), whatever --dtype."""
+        return x if self._dtype == "float32" else F.cast(x, dtype="float32")
 
 
 class DataParallel:
