@@ -267,6 +267,8 @@ def _train(args, ctx, out, dp, train, val, data_dir, history, start_epoch, start
                  CurvesPlot(os.path.join(out, "curves.png"))] if chief else []
     checkpointer = Checkpointer(out, dp, len(train), config, args.save_period, args.keep, chief)
     last_good = _KeepLastGood(dp.net, start_epoch)
+    if not args.resume:  # from here on a kill at any moment leaves something to resume
+        checkpointer.save(0, 0, [])
     stop = StopFlag()
     _stop_on_signals(stop)
     status = "finished"

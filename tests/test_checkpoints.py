@@ -91,7 +91,7 @@ def test_save_period(tmp_path):
     assert train.main(SMALL + ["--epochs", "5", "--save-period", "2", "--keep", "9",
                                "--limit", "256", "--out", out]) == 0
     names = sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("step"))
-    assert names == ["step-00000008", "step-00000016", "step-00000020"]  # epochs 2, 4 and the end
+    assert names == ["step-00000000", "step-00000008", "step-00000016", "step-00000020"]  # start, epochs 2, 4, end
 
 
 def test_resume_refuses_changed_flags_and_missing_checkpoints(straight, tmp_path, capsys):
@@ -127,6 +127,14 @@ def wait_for(predicate, timeout=120):
     raise AssertionError("timed out")
 
 
+def latest_name(out):
+    try:
+        with open(os.path.join(out, "checkpoints", "latest")) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def checkpoint_names(out, hidden=False):
     try:
         names = os.listdir(os.path.join(out, "checkpoints"))
@@ -135,7 +143,7 @@ def checkpoint_names(out, hidden=False):
     return sorted(n for n in names if n.startswith(".step-" if hidden else "step-"))
 
 
-LONGER = SMALL + ["--limit", "6400", "--epochs", "2"]  # 100 batches an epoch
+LONGER = SMALL + ["--limit", "12800", "--epochs", "2"]  # 200 batches an epoch
 
 
 @pytest.fixture(scope="module")
@@ -148,9 +156,9 @@ def straight_longer(tmp_path_factory):
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_checkpoints_mid_epoch_and_resume_is_exact(straight_longer, tmp_path, signum, code):
     out = str(tmp_path / "run")
-    proc = start(LONGER + ["--out", out, "--log-interval", "1"],
-                 {"GLUON_GPU_CHECKPOINT_PAUSE": "0.5"})  # the signal lands after that write
-    wait_for(lambda: len(checkpoint_names(out)) >= 1)  # epoch 1 is done, epoch 2 under way
+    proc = start(LONGER + ["--out", out, "--log-interval", "1"])
+    wait_for(lambda: latest_name(out) == "step-00000200")  # epoch 1 done and checkpointed
+    time.sleep(0.3)  # well inside epoch 2 (200 batches)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
@@ -164,14 +172,25 @@ def test_signal_checkpoints_mid_epoch_and_resume_is_exact(straight_longer, tmp_p
     assert_same_run(straight_longer, out)
 
 
-def test_kill_9_during_the_first_checkpoint_write(tmp_path):
+def test_kill_9_before_any_epoch_finished_resumes_from_the_start(straight, tmp_path):
+    """A step-0 checkpoint is written before training: a kill in the first epoch, even
+    inside the first epoch's checkpoint write, still leaves a run to resume."""
     out = str(tmp_path / "run")
     proc = start(SMALL + ["--epochs", "4", "--out", out], {"GLUON_GPU_CHECKPOINT_PAUSE": "60"})
-    wait_for(lambda: checkpoint_names(out, hidden=True))
+    wait_for(lambda: checkpoint_names(out, hidden=True))  # inside the step-0 write: nothing yet
     proc.kill()
     proc.wait()
-    assert checkpoint_names(out) == [] and latest_checkpoint(out) == (None, None)
+    assert latest_checkpoint(out) == (None, None)
     assert train.main(["--resume", out]) == 2  # nothing to resume: a clear error, not a crash
+    out = str(tmp_path / "run2")
+    proc = start(SMALL + ["--epochs", "4", "--out", out], {"GLUON_GPU_CHECKPOINT_PAUSE": "1"})
+    wait_for(lambda: checkpoint_names(out) and checkpoint_names(out, hidden=True))  # epoch 1's write
+    proc.kill()
+    proc.wait()
+    directory, state = latest_checkpoint(out)
+    assert os.path.basename(directory) == "step-00000000" and state["epoch"] == 0
+    assert train.main(["--resume", out, "--quiet"]) == 0
+    assert_same_run(straight, out)
 
 
 def test_kill_9_at_any_moment_leaves_a_resumable_run(straight, tmp_path):
@@ -180,7 +199,7 @@ def test_kill_9_at_any_moment_leaves_a_resumable_run(straight, tmp_path):
     resumes, and the run that finally finishes equals the straight one."""
     out = str(tmp_path / "run")
     proc = start(SMALL + ["--epochs", "4", "--out", out])
-    wait_for(lambda: checkpoint_names(out))
+    wait_for(lambda: len(checkpoint_names(out)) >= 2)  # step 0 and epoch 1
     proc.kill()
     proc.wait()
     assert_loadable(out)
