@@ -36,7 +36,10 @@ def build_parser():
 
 def read_image(path):
     """uint8 (28, 28) from any image file Pillow reads; UserError for anything else."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, ImageFile, UnidentifiedImageError
+    # gluoncv's data package sets Pillow's process-wide LOAD_TRUNCATED_IMAGES on import;
+    # a truncated image must be an error here whatever was imported before.
+    tolerant, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, False
     try:
         with Image.open(path) as im:
             im.load()
@@ -47,6 +50,8 @@ def read_image(path):
     except (UnidentifiedImageError, OSError, ValueError) as e:
         reason = "not an image Pillow can read" if isinstance(e, UnidentifiedImageError) else str(e)
         raise UserError(f"{path}: {reason or type(e).__name__}") from None
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = tolerant
     return np.asarray(gray, dtype=np.uint8)
 
 

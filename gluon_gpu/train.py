@@ -214,10 +214,8 @@ def main(argv=None):
     if args.resume:
         args, ckpt_dir, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
     with devices(args.devices, args.omp_threads) as ctx:
-        check_batch(args.batch_size, ctx)
-        check_options(ctx, args.kvstore, args.dtype)
         out = args.out if args.resume else prepare_out_dir(args.out, create=False)
-        dp, train, val, data_dir = build(args, ctx)
+        dp, train, val, data_dir = build(args, ctx)  # checks batch, options, data first
         chief = dp.rank == 0  # in a distributed job only rank 0 writes and prints
         if chief and not args.dry_run:
             check_writable(out)
