@@ -13,6 +13,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import mxnet as mx
@@ -24,6 +25,7 @@ from .checkpoint import atomic_write, write_json
 from .cli import add_model_flag, main_guard, non_negative_int, parser, positive_int, progress_enabled
 from .data import PIPELINES, find_data_dir, load_split
 from .devices import gpu_count, parse_devices, set_cpu_threads
+from .errors import UserError
 from .loop import train_epoch
 from .models import INPUT_SHAPE, get_model
 from . import train
@@ -275,7 +277,8 @@ def time_job(args, workers, out):
             cmd + ["--kvstore", "dist_sync"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-500:]}")
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise UserError(f"benchmark job failed ({' '.join(cmd)}): {last}")
     import json
     with open(os.path.join(out, "metrics.json")) as f:
         epochs = json.load(f)["epochs"]
@@ -288,7 +291,7 @@ def run_workers(args):
     sizes = [0] + sorted(set(args.workers))
     with tqdm(total=len(sizes), desc="bench", unit="job", disable=not progress_enabled(args)) as bar:
         for w in sizes:
-            run = time_job(args, w, os.path.join(args.out, f"job-{w}-workers"))
+            run = time_job(args, w, tempfile.mkdtemp(prefix=f"job-{w}-workers-", dir=args.out))
             samples = args.limit or 60000
             name = "1 process" if w == 0 else f"{w} worker{'s' if w > 1 else ''}"
             rows.append({**summarize(name, [run], samples, len(parse_devices(args.devices[0]))), "workers": w})

@@ -87,3 +87,5 @@ def test_workers_bench_times_real_jobs(tmp_path, capsys, monkeypatch):
     assert rows[0]["overhead_ratio"] == 1.0
     assert rows[1]["overhead_ratio"] == pytest.approx(rows[1]["median_epoch_s"] / rows[0]["median_epoch_s"])
     assert rows[1]["val_acc"] > 0.1
+    assert bench.main(["--devices", "cpu", "--workers", "1", "--epochs", "1", "--limit", "256",
+                       "--batch-size", "128", "--out", out, "--quiet"]) == 0  # the same --out again
