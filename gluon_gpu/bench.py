@@ -21,7 +21,8 @@ from mxnet import nd
 from tqdm import tqdm
 
 from . import __version__, tutorial_loop
-from .checkpoint import atomic_write, write_json
+from .callbacks import save_figure, subplots
+from .checkpoint import write_json
 from .cli import add_model_flag, main_guard, non_negative_int, parser, positive_int, progress_enabled
 from .data import PIPELINES, find_data_dir, load_split
 from .devices import gpu_count, parse_devices, set_cpu_threads
@@ -183,12 +184,9 @@ def format_table(rows, tutorial):
 
 
 def plot(rows, tutorial, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     names = [r["name"] for r in rows] + (["tutorial"] if tutorial else [])
     speeds = [r["samples_per_s"] for r in rows] + ([tutorial["samples_per_s"]] if tutorial else [])
-    fig, (ax_speed, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_speed, ax_eff) = subplots(1, 2, figsize=(10, 4))
     bars = ax_speed.bar(names, speeds, color=["C0"] * len(rows) + (["C7"] if tutorial else []))
     ax_speed.bar_label(bars, fmt="%.0f")
     ax_speed.set_ylabel("samples/s (median epoch)")
@@ -199,9 +197,7 @@ def plot(rows, tutorial, path):
     ax_eff.set_ylabel("scaling efficiency (speedup / devices)")
     ax_eff.set_ylim(0, 1.2)
     ax_eff.set_title("scaling")
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def bench_ensembles(args, bar):
@@ -231,10 +227,7 @@ def format_ensemble_table(rows, spec):
 
 
 def plot_ensembles(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = subplots(figsize=(6, 4))
     ks = [r["members"] for r in rows]
     ax.plot(ks, [r["speedup_vs_sequential"] for r in rows], marker="o", label="fused ensemble")
     ax.axhline(1.0, color="grey", linestyle=":", label="K members one after another")
@@ -244,9 +237,7 @@ def plot_ensembles(rows, path):
     ax.set_xlabel("ensemble size K")
     ax.set_ylabel("speedup (member-samples/s vs K=1)")
     ax.legend()
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run_ensembles(args):

@@ -63,13 +63,27 @@ class CurvesPlot:
             plot_curves(history, self.path)
 
 
-def plot_curves(history, path):
+def subplots(*args, **kwargs):
+    """matplotlib's ``subplots`` on the Agg backend (no display needed); imported late
+    because matplotlib is slow to import and most commands never plot."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt.subplots(*args, **kwargs)
 
+
+def save_figure(fig, path):
+    """Write ``fig`` to ``path`` (format from the extension) atomically, then free it."""
+    import matplotlib.pyplot as plt
+    fmt = os.path.splitext(path)[1].lstrip(".") or "png"
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=100))
+    plt.close(fig)
+
+
+def plot_curves(history, path):
     epochs = [r["epoch"] for r in history]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_loss, ax_acc) = subplots(1, 2, figsize=(10, 4))
     if "member_train_loss" in history[0]:  # one faint line per ensemble member
         for k, losses in enumerate(zip(*[r["member_train_loss"] for r in history])):
             ax_loss.plot(epochs, losses, color="C0", alpha=0.25, linewidth=1,
@@ -88,7 +102,4 @@ def plot_curves(history, path):
     ax_acc.set_xlabel("epoch")
     ax_acc.set_ylabel("accuracy")
     ax_acc.legend()
-    fig.tight_layout()
-    fmt = os.path.splitext(path)[1].lstrip(".") or "png"
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=100))
-    plt.close(fig)
+    save_figure(fig, path)

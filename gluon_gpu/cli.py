@@ -28,6 +28,16 @@ def non_negative_int(text):
     return value
 
 
+MAX_SEED = 2 ** 32 - 1  # numpy's and MXNet's seed range
+
+
+def seed(text):
+    value = _number(int, text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_SEED}, got {text!r}")
+    return value
+
+
 def positive_float(text):
     value = _number(float, text)
     if not value > 0 or value == float("inf"):

@@ -165,8 +165,7 @@ class DataParallel:
         self.trainer.step(batch_size * (self.num_workers if self._sync else 1))
         self._pending.append(outs)  # summed on the devices at the next read, not per step
         if len(self._pending) >= MAX_PENDING:  # a loop that never reads: bound what is held
-            self._fold(self._pending)
-            self._pending = []
+            self._fold_pending()
         self._samples += batch_size
         if not return_loss:
             return None
@@ -183,8 +182,8 @@ class DataParallel:
         """Fold the steps since the last call into the running sums; return the 1-based
         position among them of the first whose loss was NaN/inf, else None. Costs one
         add per device per call, and per-step reads only when something went wrong."""
-        pending, self._pending = self._pending, []
-        self._fold(pending)
+        pending = self._pending
+        self._fold_pending()
         if all(np.isfinite(l.asnumpy()).all() for l in self._loss):
             return None
         for position, outs in enumerate(pending, 1):
@@ -192,7 +191,9 @@ class DataParallel:
                 return position
         return 1  # the sums were already non-finite before these steps
 
-    def _fold(self, pending):
+    def _fold_pending(self):
+        """Add the held step outputs into the running sums (device ops, no host sync)."""
+        pending, self._pending = self._pending, []
         for i in range(len(self.ctx)):
             losses = [outs[i][0] for outs in pending if i < len(outs)]
             if losses:
@@ -202,7 +203,7 @@ class DataParallel:
     def read_metrics(self, reset=True):
         """``{'loss', 'accuracy', 'samples'}`` since the last reset: the one host sync.
         Ensembles: the means over members, and ``member_loss``/``member_accuracy`` lists."""
-        self.first_nonfinite_step()
+        self._fold_pending()
         loss, correct, samples = sum(l.asnumpy() for l in self._loss), \
             sum(c.asnumpy() for c in self._correct), self._samples
         if self._sync:  # every worker calls this at the same steps: sum the sums over workers
@@ -226,7 +227,7 @@ class DataParallel:
 
     def metric_state(self):
         """The running sums behind ``read_metrics``, per device (for checkpoints)."""
-        self.first_nonfinite_step()
+        self._fold_pending()
         return {"loss": [l.asnumpy().tolist() for l in self._loss],
                 "correct": [c.asnumpy().tolist() for c in self._correct], "samples": self._samples}
 

@@ -12,8 +12,8 @@ from . import __version__
 from .callbacks import CurvesPlot, EpochPrinter, MetricsFile
 from .checkpoint import (ParamSnapshot, latest_checkpoint, load_checkpoint, save_checkpoint,
                          save_parameters)
-from .cli import (add_model_flag, check_batch, main_guard, non_negative_float, non_negative_int,
-                  parser, positive_float, positive_int, progress_enabled)
+from .cli import (MAX_SEED, add_model_flag, check_batch, main_guard, non_negative_float,
+                  non_negative_int, parser, positive_float, positive_int, progress_enabled, seed)
 from .data import PIPELINES, find_data_dir, load_split, make_pipeline
 from .devices import describe, devices
 from .errors import DivergedError, UserError
@@ -45,7 +45,7 @@ def build_parser():
     p.add_argument("--pipeline", default="device", choices=PIPELINES,
                    help="device: uint8 data on the devices, batches by index; loader: Gluon DataLoader")
     p.add_argument("--num-workers", type=non_negative_int, default=4, help="DataLoader workers (--pipeline loader)")
-    p.add_argument("--seed", type=int, default=0, help="seeds initialization and the shuffle order")
+    p.add_argument("--seed", type=seed, default=0, help="seeds initialization and the shuffle order")
     p.add_argument("--hybridize", action=argparse.BooleanOptionalAction, default=True,
                    help="run the step as a static hybridized graph")
     p.add_argument("--kvstore", default=None, choices=KVSTORES,
@@ -149,6 +149,8 @@ def build(args, ctx):
     (``--batch-size`` is per worker; the global batch is that times the workers)."""
     check_batch(args.batch_size, ctx)
     check_options(ctx, args.kvstore, args.dtype)
+    if args.seed + args.ensemble - 1 > MAX_SEED:
+        raise UserError(f"--seed {args.seed} with --ensemble {args.ensemble}: member seeds pass {MAX_SEED}")
     data_dir = find_data_dir(args.data_dir, "train")
     train_x, train_y = load_split("train", data_dir, args.limit)
     test_x, test_y = load_split("test", find_data_dir(args.data_dir, "test"))

@@ -137,6 +137,8 @@ def test_evaluate_rejects_parameters_of_another_zoo_model(trained, capsys):
     (["--batch-size", "0"], "--batch-size: must be a positive integer"),
     (["--batch-size", "ten"], "not a whole number"),
     (["--model", "vgg99"], "invalid choice"),
+    (["--seed", "-1"], "--seed: must be between 0 and 4294967295"),
+    (["--seed", "4294967295", "--ensemble", "2"], "member seeds pass 4294967295"),
     (["--kvstore", "nccl"], "nccl needs GPU devices"),
     (["--dtype", "float16"], "GPU devices only"),
     (["--optimizer", "adam", "--momentum", "0.9"], "--momentum applies to sgd"),
