@@ -86,9 +86,10 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
     """Train from ``(start_epoch, start_batch)`` to ``epochs`` and validate after each epoch.
 
     Each callback gets ``on_epoch_end(record, history)``; the caller ends the run with
-    ``on_train_end``. Returns the history, a list of per-epoch records.
+    ``on_train_end``. Records are appended to ``history`` in place (so a caller still has
+    them when an epoch ends in Interrupted or DivergedError), which is also returned.
     """
-    history = list(history or [])
+    history = [] if history is None else history
     for epoch in range(start_epoch, epochs):
         train = train_epoch(dp, train_pipeline, epoch, log_interval, progress,
                             start_batch if epoch == start_epoch else 0, stop,

@@ -273,11 +273,11 @@ def _train(args, ctx, out, dp, train, val, data_dir, history, start_epoch, start
     _stop_on_signals(stop)
     status = "finished"
     try:
-        history = fit(dp, train, val, args.epochs, callbacks + [checkpointer, last_good],
+        fit(dp, train, val, args.epochs, callbacks + [checkpointer, last_good],
                       start_epoch, start_batch, args.log_interval, progress_enabled(args),
                       history, stop, seconds_before)
     except Interrupted as e:
-        history, status = _metrics_history(out, history), "interrupted"
+        status = "interrupted"
         where = checkpointer.save(e.epoch, e.batch, history, e.seconds)
         for cb in callbacks:
             cb.on_train_end(history, status)
@@ -287,7 +287,6 @@ def _train(args, ctx, out, dp, train, val, data_dir, history, start_epoch, start
               file=sys.stderr)
         return 128 + stop.signum
     except DivergedError as e:
-        history = _metrics_history(out, history)
         if chief:
             last_good.snapshot.save(os.path.join(out, "net.params"))
         for cb in callbacks:
@@ -304,15 +303,6 @@ def _train(args, ctx, out, dp, train, val, data_dir, history, start_epoch, start
             cb.on_train_end(history, status)
         print(f"saved {out}/net.params, {out}/metrics.json, {out}/curves.png, checkpoints in {out}/checkpoints")
     return 0
-
-
-def _metrics_history(out, fallback):
-    import json
-    try:
-        with open(os.path.join(out, "metrics.json")) as f:
-            return json.load(f)["epochs"]
-    except (OSError, ValueError, KeyError):
-        return fallback
 
 
 if __name__ == "__main__":
