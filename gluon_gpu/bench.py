@@ -23,9 +23,9 @@ from tqdm import tqdm
 from . import __version__, tutorial_loop
 from .callbacks import save_figure, subplots
 from .checkpoint import write_json
-from .cli import add_model_flag, main_guard, non_negative_int, parser, positive_int, progress_enabled
+from .cli import add_model_flag, main_guard, non_negative_int, parse_args, parser, positive_int, progress_enabled
 from .data import PIPELINES, find_data_dir, load_split
-from .devices import gpu_count, parse_devices, set_cpu_threads
+from .devices import gpu_count, parse_devices, thread_settings
 from .errors import UserError
 from .loop import train_epoch
 from .models import INPUT_SHAPE, get_model
@@ -67,7 +67,6 @@ def _powers_of_two(n):
 def time_ours(args, spec, bar, members=1):
     """Epoch seconds of gluon_gpu on ``spec`` and the validation accuracy after training."""
     ctx = parse_devices(spec)
-    threads = set_cpu_threads(ctx, args.omp_threads)
     targs = train.build_parser().parse_args(
         ["--devices", spec, "--batch-size", str(args.batch_size), "--model", args.model,
          "--pipeline", args.pipeline, "--num-workers", str(args.num_workers), "--quiet",
@@ -77,17 +76,19 @@ def time_ours(args, spec, bar, members=1):
     runs = []
     for _ in range(args.repeats):
         dp, train_pipe, val_pipe, _ = train.build(targs, ctx)
-        seconds = []
+        seconds, cpu_seconds = [], []
         for epoch in range(args.epochs):
+            cpu_start = time.process_time()
             seconds.append(train_epoch(dp, train_pipe, epoch)["seconds"])
+            cpu_seconds.append(time.process_time() - cpu_start)
             bar.update(1)
-        runs.append({"seconds": seconds, "val_acc": dp.evaluate(val_pipe.epoch(0))})
-    return runs, {"devices": len(ctx), "omp_threads": threads, "samples": train_pipe.n}
+        runs.append({"seconds": seconds, "cpu_seconds": cpu_seconds,
+                     "val_acc": dp.evaluate(val_pipe.epoch(0))})
+    return runs, {"devices": len(ctx), "samples": train_pipe.n}
 
 
 def time_tutorial(args, data, bar):
     ctx = parse_devices(args.devices[0])
-    set_cpu_threads(ctx, args.omp_threads)
     runs = []
     for _ in range(args.repeats):
         mx.random.seed(0)
@@ -101,9 +102,14 @@ def summarize(name, runs, samples, devices):
     first = [r["seconds"][0] for r in runs]
     rest = [s for r in runs for s in r["seconds"][1:]] or first
     median = statistics.median(rest)
-    return {"name": name, "devices": devices, "first_epoch_s": statistics.median(first),
-            "median_epoch_s": median, "epochs_timed": len(rest), "samples_per_s": samples / median,
-            "val_acc": statistics.median(r["val_acc"] for r in runs), "runs": runs}
+    row = {"name": name, "devices": devices, "first_epoch_s": statistics.median(first),
+           "median_epoch_s": median, "epochs_timed": len(rest), "samples_per_s": samples / median,
+           "val_acc": statistics.median(r["val_acc"] for r in runs), "runs": runs}
+    if all("cpu_seconds" in r for r in runs):  # this process's CPU time / wall time: cores kept busy
+        timed = [(c, s) for r in runs for c, s in zip(r["cpu_seconds"][1:] or r["cpu_seconds"],
+                                                       r["seconds"][1:] or r["seconds"])]
+        row["cores_busy"] = statistics.median(c / s for c, s in timed)
+    return row
 
 
 def training_flops(model, samples):
@@ -128,9 +134,10 @@ def _descendants(block):
     return [block] + [d for c in children for d in _descendants(c)]
 
 
-def matmul_gflops(n=1024, repeats=7):
-    """This machine's float32 GEMM speed on one CPU context (median of ``repeats``)."""
-    a, b = nd.random.uniform(shape=(n, n)), nd.random.uniform(shape=(n, n))
+def matmul_gflops(ctx=mx.cpu(), n=1024, repeats=7):
+    """float32 GEMM speed of one device (a CPU context: with this process's OpenMP threads
+    per operator), median of ``repeats``."""
+    a, b = nd.random.uniform(shape=(n, n), ctx=ctx), nd.random.uniform(shape=(n, n), ctx=ctx)
     nd.dot(a, b).wait_to_read()
     times = []
     for _ in range(repeats):
@@ -138,6 +145,15 @@ def matmul_gflops(n=1024, repeats=7):
         nd.dot(a, b).wait_to_read()
         times.append(time.perf_counter() - start)
     return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+def concurrent_contexts(spec):
+    """How many of the spec's contexts can compute at once: every GPU; CPU contexts up to
+    the cores their OpenMP threads fill (the floor of cpu*2 on 2 cores is half of cpu's)."""
+    ctx = parse_devices(spec)
+    if ctx[0].device_type == "gpu":
+        return len(ctx)
+    return max(1, min(len(ctx), (os.cpu_count() or 1) // thread_settings()["omp_threads"]))
 
 
 def machine_info():
@@ -157,7 +173,7 @@ def machine_info():
     features = [f.name for f in mx.runtime.Features().values() if f.enabled]
     return {"cpu": cpu, "cores": os.cpu_count(), "gpus": [g for g in gpus if g],
             "mxnet": mx.__version__, "mxnet_features": features, "python": platform.python_version(),
-            "gluon_gpu": __version__}
+            "gluon_gpu": __version__, "threads": thread_settings()}
 
 
 def peak_rss_mib():
@@ -168,18 +184,19 @@ def peak_rss_mib():
 
 def format_table(rows, tutorial):
     head = (f"{'devices':<14}{'first s':>9}{'median s':>10}{'samples/s':>11}{'speedup':>9}"
-            f"{'eff.':>7}{'vs tutorial':>13}{'val-acc':>9}")
+            f"{'eff.':>7}{'cores busy':>12}{'vs tutorial':>13}{'val-acc':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         vs = f"{r['vs_tutorial']:.2f}x" if r.get("vs_tutorial") else "-"
         speed = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
         eff = f"{r['efficiency']:.0%}" if "efficiency" in r else "-"
+        busy = f"{r['cores_busy']:.2f}" if "cores_busy" in r else "-"
         lines.append(f"{r['name']:<14}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
-                     f"{r['samples_per_s']:>11.0f}{speed:>9}{eff:>7}{vs:>13}{r['val_acc']:>9.4f}")
+                     f"{r['samples_per_s']:>11.0f}{speed:>9}{eff:>7}{busy:>12}{vs:>13}{r['val_acc']:>9.4f}")
     if tutorial:
         lines.append(f"{'tutorial (' + tutorial['name'] + ')':<14}"[:14] + f"{tutorial['first_epoch_s']:>9.2f}"
                      f"{tutorial['median_epoch_s']:>10.2f}{tutorial['samples_per_s']:>11.0f}{'':>9}{'':>7}"
-                     f"{'1.00x':>13}{tutorial['val_acc']:>9.4f}")
+                     f"{'-':>12}{'1.00x':>13}{tutorial['val_acc']:>9.4f}")
     return "\n".join(lines)
 
 
@@ -304,7 +321,7 @@ def run_workers(args):
 
 @main_guard("gluon_gpu.bench")
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     args.devices = args.devices or default_specs()
     for spec in args.devices:
         parse_devices(spec)  # every spec checked before any work
@@ -320,8 +337,7 @@ def main(argv=None):
     with tqdm(total=total, desc="bench", unit="epoch", disable=not progress_enabled(args)) as bar:
         for spec in args.devices:
             runs, info = time_ours(args, spec, bar)
-            rows.append({**summarize(spec, runs, info["samples"], info["devices"]),
-                         "omp_threads": info["omp_threads"]})
+            rows.append(summarize(spec, runs, info["samples"], info["devices"]))
         if args.baseline == "tutorial":
             tutorial = summarize(args.devices[0], time_tutorial(args, data[:4], bar), len(data[0]),
                                  len(parse_devices(args.devices[0])))
@@ -331,17 +347,27 @@ def main(argv=None):
         r["efficiency"] = r["speedup"] / (r["devices"] / rows[0]["devices"])
         if tutorial:
             r["vs_tutorial"] = tutorial["median_epoch_s"] / r["median_epoch_s"]
-    gflops = matmul_gflops()
     flops = training_flops(args.model, len(data[0]))
-    floor = flops / (gflops * 1e9)
+    gflops = {}  # per device kind
+    for r in rows:
+        first = parse_devices(r["name"])[0]
+        if first.device_type not in gflops:
+            gflops[first.device_type] = matmul_gflops(first)
+        r["floor_s"] = flops / (gflops[first.device_type] * 1e9 * concurrent_contexts(r["name"]))
+        r["of_floor"] = r["floor_s"] / r["median_epoch_s"]
     rss, child_rss = peak_rss_mib()
+    threads = thread_settings()
     print(format_table(rows, tutorial))
-    print(f"compute floor: {flops / 1e9:.1f} GFLOP per epoch / {gflops:.1f} GFLOP/s (1024^2 matmul, "
-          f"one context) = {floor:.2f} s; best epoch reaches {floor / min(r['median_epoch_s'] for r in rows):.0%} of it")
+    print(f"threads: {threads['omp_threads']} OpenMP per operator, {threads['engine_threads']} engine "
+          f"worker(s) per CPU context, {threads['cpu_temp_copy']} CPU scratch buffers")
+    print(f"compute floor: {flops / 1e9:.1f} GFLOP per epoch / "
+          + ", ".join(f"{g:.1f} GFLOP/s per {kind} device" for kind, g in gflops.items())
+          + " (1024^2 matmul) / devices computing at once; "
+          + ", ".join(f"{r['name']} reaches {r['of_floor']:.0%} of its floor ({r['floor_s']:.2f} s)" for r in rows))
     print(f"peak RSS: {rss:.0f} MiB (largest DataLoader worker: {child_rss:.0f} MiB)")
     report = {"config": {k: v for k, v in vars(args).items()}, "machine": machine_info(),
               "results": rows, "tutorial": tutorial,
-              "compute_floor": {"gflop_per_epoch": flops / 1e9, "matmul_gflops": gflops, "floor_s": floor},
+              "compute_floor": {"gflop_per_epoch": flops / 1e9, "matmul_gflops": gflops},
               "peak_rss_mib": rss, "peak_child_rss_mib": child_rss}
     write_json(os.path.join(args.out, "bench.json"), report)
     plot(rows, tutorial, os.path.join(args.out, "scaling.png"))

@@ -74,9 +74,23 @@ def parser(prog, description, several_devices=False):
                    help="directory with the FashionMNIST IDX .gz files "
                         "(default: $GLUON_GPU_DATA, the MXNet cache, Debian's dataset-fashion-mnist)")
     p.add_argument("--omp-threads", type=non_negative_int, default=0,
-                   help="OpenMP threads per CPU operator (0: cores / CPU contexts)")
+                   help="OpenMP threads per CPU operator (sets OMP_NUM_THREADS; 0: as set, "
+                        "else MXNet's default of half the logical CPUs)")
+    p.add_argument("--engine-threads", type=non_negative_int, default=0,
+                   help="MXNet engine worker threads per CPU context (sets "
+                        "MXNET_CPU_WORKER_NTHREADS; 0: as set, else 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def parse_args(p, argv=None):
+    """Parse ``argv`` (None: the command line) and bring the thread flags into effect;
+    MXNet reads them only at start, so the program re-executes itself if they differ
+    from its environment (see ``devices.require_thread_settings``)."""
+    args = p.parse_args(argv)
+    from .devices import require_thread_settings
+    require_thread_settings(args.omp_threads, args.engine_threads, restart=argv is None)
+    return args
 
 
 def add_model_flag(p, default="lenet"):

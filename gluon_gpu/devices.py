@@ -13,14 +13,14 @@ MXNet gives each ``mx.cpu(i)`` its own engine queue, so ``cpu*N`` runs exactly t
 multi-device code path a multi-GPU box runs; that is how it is tested without GPUs.
 """
 import contextlib
-import ctypes
 import os
 import re
+import sys
 
 import mxnet as mx
 from mxnet import npx
 
-from .errors import DeviceError
+from .errors import DeviceError, UserError
 
 _SPEC = re.compile(r"^(?P<kind>cpu|gpu)(?:(?P<star>\*(?P<count>\d+))|(?::(?P<ids>\d+(?:,\d+)*)))?$")
 
@@ -74,25 +74,63 @@ def describe(ctx):
     return ", ".join(str(c) for c in ctx)
 
 
-def set_cpu_threads(ctx, requested=0):
-    """OpenMP threads per CPU operator: ``requested``, or by default the cores shared out
-    over the CPU contexts, so ``cpu*2`` on 2 cores runs 2 x 1 threads instead of
-    oversubscribing 2 x 2. Returns the number set."""
-    cpu_contexts = sum(c.device_type == "cpu" for c in ctx) or 1
-    threads = requested or max(1, (os.cpu_count() or 1) // cpu_contexts)
-    mx.base._LIB.MXSetNumOMPThreads(ctypes.c_int(threads))  # pylint: disable=protected-access
-    return threads
+# MXNet draws CPU scratch buffers ("temp space") for every CPU context from one shared
+# pool of MXNET_CPU_TEMP_COPY buffers, 4 by default, and operators holding the same buffer
+# run one after the other. So with the default, cpu(0) and cpu(1) mostly took turns:
+# a LeNet step on cpu*2 took 20 ms, as long as on one context; with 64 it takes 12.5 ms
+# (both cores busy). The pool is built at the first operator that needs scratch, so setting
+# the variable at import works unless the process ran such an operator before importing
+# gluon_gpu. A value the user set is kept.
+os.environ.setdefault("MXNET_CPU_TEMP_COPY", "64")
+
+THREAD_VARIABLES = {"omp_threads": "OMP_NUM_THREADS", "engine_threads": "MXNET_CPU_WORKER_NTHREADS"}
+
+
+def thread_settings():
+    """The CPU threading this process runs with: OpenMP threads per operator
+    (``OMP_NUM_THREADS``, else MXNet's default of half the logical CPUs, at least 1),
+    engine worker threads per CPU context (``MXNET_CPU_WORKER_NTHREADS``, default 1) and
+    the shared scratch-buffer pool (``MXNET_CPU_TEMP_COPY``)."""
+    def number(name, default):
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            return default
+    return {"omp_threads": number("OMP_NUM_THREADS", max(1, (os.cpu_count() or 2) // 2)),
+            "engine_threads": number("MXNET_CPU_WORKER_NTHREADS", 1),
+            "cpu_temp_copy": number("MXNET_CPU_TEMP_COPY", 4)}
+
+
+def require_thread_settings(omp_threads=0, engine_threads=0, restart=False):
+    """Make this process run with ``omp_threads`` OpenMP threads per CPU operator and
+    ``engine_threads`` engine workers per CPU context (0: leave as they are).
+
+    MXNet reads both once, when it starts: ``MXSetNumOMPThreads`` reaches only the calling
+    thread, never the engine's workers that run the operators (measured: no effect at
+    all). So a command-line program (``restart=True``) re-executes itself, same pid and
+    arguments, with the variables set; a library caller gets a UserError saying what to
+    set before starting Python."""
+    wanted = {THREAD_VARIABLES[name]: str(value) for name, value in
+              (("omp_threads", omp_threads), ("engine_threads", engine_threads)) if value}
+    missing = {k: v for k, v in wanted.items() if os.environ.get(k) != v}
+    if not missing:
+        return
+    if not restart:
+        raise UserError("thread settings take effect only when MXNet starts: set "
+                        + " ".join(f"{k}={v}" for k, v in missing.items()) + " before starting Python")
+    os.environ.update(missing)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable] + sys.orig_argv[1:])
 
 
 @contextlib.contextmanager
-def devices(spec="all", omp_threads=0):
-    """``with devices("gpu*2") as ctx:`` yields the device list (and sets the OpenMP
-    threads per CPU context, see :func:`set_cpu_threads`).
+def devices(spec="all"):
+    """``with devices("gpu*2") as ctx:`` yields the device list.
 
     On exit it waits for the asynchronous engine, so an error raised by queued device
     work surfaces inside the ``with`` block instead of at some later sync point.
     """
     ctx = parse_devices(spec)
-    set_cpu_threads(ctx, omp_threads)
     yield ctx
     mx.nd.waitall()

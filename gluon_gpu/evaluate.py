@@ -1,7 +1,7 @@
 """python -m gluon_gpu.evaluate: load saved parameters onto any device and report test accuracy."""
 import sys
 
-from .cli import add_model_flag, check_batch, main_guard, parser
+from .cli import add_model_flag, check_batch, main_guard, parse_args, parser
 from .data import DevicePipeline, find_data_dir, load_split
 from .devices import describe, devices
 from .models import load_model, recorded_model
@@ -27,10 +27,10 @@ def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256):
 
 @main_guard("gluon_gpu.evaluate")
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     model, members = recorded_model(args.params)
     model = args.model or model
-    with devices(args.devices, args.omp_threads) as ctx:
+    with devices(args.devices) as ctx:
         check_batch(args.batch_size, ctx)
         acc = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size)
     what = f"ensemble of {members} {model}" if members > 1 and not args.model else model

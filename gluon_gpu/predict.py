@@ -13,7 +13,7 @@ import sys
 import numpy as np
 from mxnet import gluon, nd
 
-from .cli import add_model_flag, main_guard, parser
+from .cli import add_model_flag, main_guard, parse_args, parser
 from .data import CLASSES, Normalize, read_idx
 from .devices import devices, gpu_count
 from .errors import UserError
@@ -102,10 +102,10 @@ def _inputs(args):
 
 @main_guard("gluon_gpu.predict")
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     names, images = _inputs(args)
     spec = args.devices or ("gpu:0" if gpu_count() else "cpu")
-    with devices(spec, args.omp_threads) as ctx:
+    with devices(spec) as ctx:
         probs = predict(load_model(args.params, ctx, args.model), images, ctx)
     results = [{"input": name, "class": CLASSES[int(p.argmax())], "index": int(p.argmax()),
                 "probability": float(p.max()), "probabilities": [float(v) for v in p]}

@@ -13,9 +13,9 @@ from .callbacks import CurvesPlot, EpochPrinter, MetricsFile
 from .checkpoint import (ParamSnapshot, latest_checkpoint, load_checkpoint, save_checkpoint,
                          save_parameters)
 from .cli import (MAX_SEED, add_model_flag, check_batch, main_guard, non_negative_float,
-                  non_negative_int, parser, positive_float, positive_int, progress_enabled, seed)
+                  non_negative_int, parse_args, parser, positive_float, positive_int, progress_enabled, seed)
 from .data import PIPELINES, find_data_dir, load_split, make_pipeline
-from .devices import describe, devices
+from .devices import describe, devices, thread_settings
 from .errors import DivergedError, UserError
 from .loop import Interrupted, StopFlag, fit
 from .models import init_model
@@ -25,7 +25,7 @@ OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
 EPOCH_SHAPED_LR = ("cosine", "poly", "linear")  # laid out over --epochs
 # Flags that may differ from the saved configuration when resuming a run.
-RESUME_MAY_CHANGE = {"epochs", "devices", "data_dir", "num_workers", "omp_threads", "quiet", "log_interval",
+RESUME_MAY_CHANGE = {"epochs", "devices", "data_dir", "num_workers", "omp_threads", "engine_threads", "quiet", "log_interval",
                      "save_period", "keep", "resume", "dry_run"}
 NOT_CONFIG = {"resume", "dry_run"}
 
@@ -211,11 +211,11 @@ def _stop_on_signals(stop):
 
 @main_guard("gluon_gpu.train")
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     ckpt_dir = state = None
     if args.resume:
         args, ckpt_dir, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
-    with devices(args.devices, args.omp_threads) as ctx:
+    with devices(args.devices) as ctx:
         out = args.out if args.resume else prepare_out_dir(args.out, create=False)
         dp, train, val, data_dir = build(args, ctx)  # checks batch, options, data first
         chief = dp.rank == 0  # in a distributed job only rank 0 writes and prints
@@ -224,8 +224,8 @@ def main(argv=None):
         if chief:
             what = f"{args.ensemble} x {args.model}" if args.ensemble > 1 else args.model
             workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
-            print(f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers} | kvstore "
-                  f"{args.kvstore or default_kvstore(ctx)} | batch {args.batch_size} "
+            print(f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers}{cpu_threads(ctx)} | "
+                  f"kvstore {args.kvstore or default_kvstore(ctx)} | batch {args.batch_size} "
                   f"({args.batch_size // len(ctx)}+ per device) | {train.n} samples "
                   f"from {data_dir} | out {out}", flush=True)
         if args.dry_run:
@@ -246,6 +246,15 @@ def main(argv=None):
                       start_epoch, start_batch, seconds_before, chief)
         _save_replica(dp)
         return code
+
+
+def cpu_threads(ctx):
+    """' (1 OpenMP thread per op, 1 engine worker per context)' for CPU devices."""
+    if ctx[0].device_type != "cpu":
+        return ""
+    t = thread_settings()
+    return (f" ({t['omp_threads']} OpenMP thread{'s' * (t['omp_threads'] > 1)} per op, "
+            f"{t['engine_threads']} engine worker{'s' * (t['engine_threads'] > 1)} per context)")
 
 
 def _save_replica(dp):

@@ -7,7 +7,6 @@ import mxnet as mx
 import pytest
 
 from gluon_gpu import bench
-from gluon_gpu.devices import set_cpu_threads
 
 
 def test_bench_runs_end_to_end_and_writes_json_and_png(tmp_path, capsys):
@@ -28,6 +27,8 @@ def test_bench_runs_end_to_end_and_writes_json_and_png(tmp_path, capsys):
     assert report["results"][1]["devices"] == 2
     assert report["machine"]["mxnet"] == mx.__version__ and report["machine"]["cores"] >= 1
     assert report["peak_rss_mib"] > 0
+    assert all(r["cores_busy"] > 0 and 0 < r["of_floor"] for r in report["results"])
+    assert report["machine"]["threads"]["cpu_temp_copy"] >= 64
     with open(os.path.join(out, "scaling.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -48,14 +49,6 @@ def test_default_specs_scale_over_gpus(monkeypatch):
     assert bench.default_specs() == ["cpu", "cpu*2"]
     monkeypatch.setattr(bench, "gpu_count", lambda: 6)
     assert bench.default_specs() == ["gpu*1", "gpu*2", "gpu*4", "gpu*6", "cpu"]
-
-
-def test_cpu_threads_are_shared_out_over_cpu_contexts():
-    cores = os.cpu_count()
-    assert set_cpu_threads([mx.cpu(0)]) == cores
-    assert set_cpu_threads([mx.cpu(0), mx.cpu(1)]) == max(1, cores // 2)
-    assert set_cpu_threads([mx.cpu(0)], 3) == 3
-    assert set_cpu_threads([mx.gpu(0), mx.gpu(1)]) == cores
 
 
 def test_ensemble_bench_writes_speedups_and_png(tmp_path, capsys):

@@ -1,10 +1,15 @@
 import importlib
+import os
+import subprocess
+import sys
 
 import mxnet as mx
 import pytest
 
 import gluon_gpu
-from gluon_gpu.errors import DeviceError
+from gluon_gpu.errors import DeviceError, UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The package exports the context manager as gluon_gpu.devices, shadowing the module name.
 dev = importlib.import_module("gluon_gpu.devices")
@@ -63,3 +68,59 @@ def test_context_manager_yields_list_and_syncs():
         assert ctx == [mx.cpu(0), mx.cpu(1)]
         x = mx.nd.ones((4,), ctx=ctx[1]) * 3
     assert x.asnumpy().tolist() == [3, 3, 3, 3]
+
+
+def test_thread_settings_read_the_environment(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "2")
+    assert dev.thread_settings()["omp_threads"] == 3 and dev.thread_settings()["engine_threads"] == 2
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS")
+    defaults = dev.thread_settings()
+    assert defaults["omp_threads"] == max(1, os.cpu_count() // 2) and defaults["engine_threads"] == 1
+
+
+def test_thread_flags_in_process_are_refused_unless_already_in_effect(monkeypatch):
+    """A library caller cannot change MXNet's threads after it started: a clear error
+    naming the variable, and nothing when the environment already says so."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    dev.require_thread_settings(omp_threads=1)
+    dev.require_thread_settings()
+    with pytest.raises(UserError, match="OMP_NUM_THREADS=5 before starting Python"):
+        dev.require_thread_settings(omp_threads=5)
+    assert os.environ["OMP_NUM_THREADS"] == "1"
+
+
+def test_train_in_process_with_other_threads_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    from gluon_gpu import train
+    monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
+    assert train.main(["--engine-threads", "3", "--dry-run", "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gluon_gpu.train: error: thread settings take effect only when MXNet starts: "
+        "set MXNET_CPU_WORKER_NTHREADS=3 before starting Python"]
+
+
+def test_cli_restarts_itself_with_the_thread_flags_in_effect(tmp_path, data_dir):
+    """MXNet reads its thread counts only at start, so the program re-executes itself with
+    them set: the plan is printed once, by a process that has them."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MXNET_CPU_WORKER_NTHREADS")}
+    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--devices", "cpu*2", "--dry-run",
+                           "--omp-threads", "3", "--engine-threads", "2", "--limit", "512",
+                           "--data-dir", data_dir, "--out", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**env, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and "(3 OpenMP threads per op, 2 engine workers per context)" in lines[0]
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "64"), ("8", "8")])
+def test_importing_gluon_gpu_widens_the_shared_cpu_scratch_pool(preset, expected):
+    """MXNet's default of 4 CPU scratch buffers, shared by all CPU contexts, serializes
+    cpu(0) and cpu(1); importing gluon_gpu raises it unless the user chose a value."""
+    env = {k: v for k, v in os.environ.items() if k != "MXNET_CPU_TEMP_COPY"}
+    if preset:
+        env["MXNET_CPU_TEMP_COPY"] = preset
+    proc = subprocess.run([sys.executable, "-c", "import os, gluon_gpu; print(os.environ['MXNET_CPU_TEMP_COPY'])"],
+                          capture_output=True, text=True, timeout=120, env={**env, "PYTHONPATH": REPO})
+    assert proc.stdout.strip() == expected, proc.stderr
