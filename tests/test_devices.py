@@ -28,9 +28,15 @@ def test_cpu_specs():
     assert dev.parse_devices(" CPU*2 ") == [mx.cpu(0), mx.cpu(1)]
 
 
-def test_all_without_gpus_is_one_cpu(gpus):
+def test_all_without_gpus_is_a_cpu_context_per_thread_group_filling_the_cores(gpus, monkeypatch):
     gpus(0)
+    monkeypatch.setattr(dev.os, "cpu_count", lambda: 8)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert dev.parse_devices("all") == [mx.cpu(i) for i in range(4)]
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
     assert dev.parse_devices("all") == [mx.cpu(0)]
+    monkeypatch.delenv("OMP_NUM_THREADS")  # MXNet's default: half the logical CPUs per operator
+    assert dev.parse_devices("all") == [mx.cpu(0), mx.cpu(1)]
 
 
 def test_gpu_specs_with_four_gpus(gpus):
