@@ -25,7 +25,7 @@ from .callbacks import save_figure, subplots
 from .checkpoint import write_json
 from .cli import add_model_flag, main_guard, non_negative_int, parse_args, parser, positive_int, progress_enabled
 from .data import PIPELINES, find_data_dir, load_split
-from .devices import gpu_count, parse_devices, thread_settings
+from .devices import cpu_contexts, gpu_count, parse_devices, thread_settings
 from .errors import UserError
 from .loop import train_epoch
 from .models import INPUT_SHAPE, get_model
@@ -151,9 +151,7 @@ def concurrent_contexts(spec):
     """How many of the spec's contexts can compute at once: every GPU; CPU contexts up to
     the cores their OpenMP threads fill (the floor of cpu*2 on 2 cores is half of cpu's)."""
     ctx = parse_devices(spec)
-    if ctx[0].device_type == "gpu":
-        return len(ctx)
-    return max(1, min(len(ctx), (os.cpu_count() or 1) // thread_settings()["omp_threads"]))
+    return len(ctx) if ctx[0].device_type == "gpu" else min(len(ctx), cpu_contexts())
 
 
 def machine_info():
