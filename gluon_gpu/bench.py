@@ -147,10 +147,9 @@ def matmul_gflops(ctx=mx.cpu(), n=1024, repeats=7):
     return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
-def concurrent_contexts(spec):
-    """How many of the spec's contexts can compute at once: every GPU; CPU contexts up to
+def concurrent_contexts(ctx):
+    """How many of these contexts can compute at once: every GPU; CPU contexts up to
     the cores their OpenMP threads fill (the floor of cpu*2 on 2 cores is half of cpu's)."""
-    ctx = parse_devices(spec)
     return len(ctx) if ctx[0].device_type == "gpu" else min(len(ctx), cpu_contexts())
 
 
@@ -348,10 +347,11 @@ def main(argv=None):
     flops = training_flops(args.model, len(data[0]))
     gflops = {}  # per device kind
     for r in rows:
-        first = parse_devices(r["name"])[0]
-        if first.device_type not in gflops:
-            gflops[first.device_type] = matmul_gflops(first)
-        r["floor_s"] = flops / (gflops[first.device_type] * 1e9 * concurrent_contexts(r["name"]))
+        ctx = parse_devices(r["name"])
+        kind = ctx[0].device_type
+        if kind not in gflops:
+            gflops[kind] = matmul_gflops(ctx[0])
+        r["floor_s"] = flops / (gflops[kind] * 1e9 * concurrent_contexts(ctx))
         r["of_floor"] = r["floor_s"] / r["median_epoch_s"]
     rss, child_rss = peak_rss_mib()
     threads = thread_settings()
