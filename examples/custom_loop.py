@@ -10,7 +10,8 @@ from gluon_gpu.data import DevicePipeline, load_split
 limit = int(sys.argv[1]) if len(sys.argv) > 1 else None
 with gluon_gpu.devices("all") as ctx:                     # every GPU, else the CPU
     net = gluon_gpu.get_model("lenet")
-    dp = gluon_gpu.DataParallel(net, ctx, "sgd", {"learning_rate": 0.1}, normalize_in_graph=True)
+    dp = gluon_gpu.DataParallel(net, ctx, "sgd", {"learning_rate": 0.1}, normalize_in_graph=True,
+                                batch_size=256)
     train = DevicePipeline(*load_split("train", limit=limit), batch_size=256, ctx=ctx, seed=0)
     test = DevicePipeline(*load_split("test"), batch_size=256, ctx=ctx, shuffle=False)
     for epoch in range(2):

@@ -2,7 +2,9 @@
 
 For each ``--devices`` spec it trains ``--epochs`` epochs ``--repeats`` times and reports
 the first epoch apart (it includes graph building), the median of the others, samples/s,
-speedup over the first spec and scaling efficiency (speedup / device count). With
+speedup over the first spec and scaling efficiency (speedup / device count). With several
+``--fused-conv`` modes (``--fused-conv auto off``) every spec runs in each, speedups
+counted within a mode, so the fused operator's gain is measured side by side. With
 ``--baseline tutorial`` the MXNet tutorial's loop is timed in the same invocation and
 every spec gets the ratio tutorial epoch / our epoch. Writes a table to stdout,
 ``OUT/bench.json`` and ``OUT/scaling.png``.
@@ -27,13 +29,14 @@ from .cli import add_model_flag, main_guard, non_negative_int, parse_args, parse
 from .data import PIPELINES, find_data_dir, load_split
 from .devices import cpu_contexts, gpu_count, parse_devices, thread_settings
 from .errors import UserError
+from .fused_conv import is_fused
 from .loop import train_epoch
 from .models import INPUT_SHAPE, get_model
 from . import train
 
 
 def build_parser():
-    p = parser("gluon_gpu.bench", __doc__, several_devices=True)
+    p = parser("gluon_gpu.bench", __doc__, compare=True)
     add_model_flag(p)
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs per run (the first is reported apart)")
     p.add_argument("--repeats", type=positive_int, default=1, help="runs per spec; medians pool them")
@@ -64,13 +67,13 @@ def _powers_of_two(n):
     return out + ([n] if out[-1] != n else [])
 
 
-def time_ours(args, spec, bar, members=1):
+def time_ours(args, spec, bar, members=1, fused_conv=None):
     """Epoch seconds of gluon_gpu on ``spec`` and the validation accuracy after training."""
     ctx = parse_devices(spec)
     targs = train.build_parser().parse_args(
         ["--devices", spec, "--batch-size", str(args.batch_size), "--model", args.model,
          "--pipeline", args.pipeline, "--num-workers", str(args.num_workers), "--quiet",
-         "--ensemble", str(members)]
+         "--ensemble", str(members), "--fused-conv", fused_conv or args.fused_conv[0]]
         + (["--limit", str(args.limit)] if args.limit else [])
         + (["--data-dir", args.data_dir] if args.data_dir else []))
     runs = []
@@ -84,7 +87,7 @@ def time_ours(args, spec, bar, members=1):
             bar.update(1)
         runs.append({"seconds": seconds, "cpu_seconds": cpu_seconds,
                      "val_acc": dp.evaluate(val_pipe.epoch(0))})
-    return runs, {"devices": len(ctx), "samples": train_pipe.n}
+    return runs, {"devices": len(ctx), "samples": train_pipe.n, "fused_conv": is_fused(dp.net)}
 
 
 def time_tutorial(args, data, bar):
@@ -114,7 +117,8 @@ def summarize(name, runs, samples, devices):
 
 def training_flops(model, samples):
     """Multiply-adds of the conv and dense layers x 2 (FLOPs) x 3 (forward, and the two
-    backward products), per epoch: the work any implementation must do."""
+    backward products), less the first layer's data gradient (its input, the images,
+    needs none), per epoch: the work any implementation must do."""
     net = get_model(model)
     net.initialize()
     macs = []
@@ -126,7 +130,7 @@ def training_flops(model, samples):
         if isinstance(block, (mx.gluon.nn.Conv2D, mx.gluon.nn.Dense)):
             block.register_forward_hook(hook)
     net(nd.zeros(INPUT_SHAPE))
-    return 2 * 3 * sum(macs) * samples
+    return 2 * (3 * sum(macs) - macs[0]) * samples
 
 
 def _descendants(block):
@@ -136,15 +140,19 @@ def _descendants(block):
 
 def matmul_gflops(ctx=mx.cpu(), n=1024, repeats=7):
     """float32 GEMM speed of one device (a CPU context: with this process's OpenMP threads
-    per operator), median of ``repeats``."""
+    per operator), median of ``repeats``: the faster of MXNet's two GEMMs, ``dot`` (BLAS)
+    and ``FullyConnected`` (oneDNN on CPUs)."""
     a, b = nd.random.uniform(shape=(n, n), ctx=ctx), nd.random.uniform(shape=(n, n), ctx=ctx)
-    nd.dot(a, b).wait_to_read()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        nd.dot(a, b).wait_to_read()
-        times.append(time.perf_counter() - start)
-    return 2 * n ** 3 / statistics.median(times) / 1e9
+    best = 0.0
+    for gemm in (lambda: nd.dot(a, b), lambda: nd.FullyConnected(a, b, no_bias=True, num_hidden=n)):
+        gemm().wait_to_read()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            gemm().wait_to_read()
+            times.append(time.perf_counter() - start)
+        best = max(best, 2 * n ** 3 / statistics.median(times) / 1e9)
+    return best
 
 
 def concurrent_contexts(ctx):
@@ -180,7 +188,7 @@ def peak_rss_mib():
 
 
 def format_table(rows, tutorial):
-    head = (f"{'devices':<14}{'first s':>9}{'median s':>10}{'samples/s':>11}{'speedup':>9}"
+    head = (f"{'devices':<16}{'first s':>9}{'median s':>10}{'samples/s':>11}{'speedup':>9}"
             f"{'eff.':>7}{'cores busy':>12}{'vs tutorial':>13}{'val-acc':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -188,10 +196,10 @@ def format_table(rows, tutorial):
         speed = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
         eff = f"{r['efficiency']:.0%}" if "efficiency" in r else "-"
         busy = f"{r['cores_busy']:.2f}" if "cores_busy" in r else "-"
-        lines.append(f"{r['name']:<14}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
+        lines.append(f"{r['name']:<16}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
                      f"{r['samples_per_s']:>11.0f}{speed:>9}{eff:>7}{busy:>12}{vs:>13}{r['val_acc']:>9.4f}")
     if tutorial:
-        lines.append(f"{'tutorial (' + tutorial['name'] + ')':<14}"[:14] + f"{tutorial['first_epoch_s']:>9.2f}"
+        lines.append(f"{'tutorial (' + tutorial['name'] + ')':<16}"[:16] + f"{tutorial['first_epoch_s']:>9.2f}"
                      f"{tutorial['median_epoch_s']:>10.2f}{tutorial['samples_per_s']:>11.0f}{'':>9}{'':>7}"
                      f"{'-':>12}{'1.00x':>13}{tutorial['val_acc']:>9.4f}")
     return "\n".join(lines)
@@ -202,10 +210,15 @@ def plot(rows, tutorial, path):
     speeds = [r["samples_per_s"] for r in rows] + ([tutorial["samples_per_s"]] if tutorial else [])
     fig, (ax_speed, ax_eff) = subplots(1, 2, figsize=(10, 4))
     bars = ax_speed.bar(names, speeds, color=["C0"] * len(rows) + (["C7"] if tutorial else []))
+    ax_speed.tick_params(axis="x", labelrotation=20)
     ax_speed.bar_label(bars, fmt="%.0f")
     ax_speed.set_ylabel("samples/s (median epoch)")
     ax_speed.set_title("throughput")
-    ax_eff.plot([r["devices"] for r in rows], [r["efficiency"] for r in rows], marker="o")
+    for mode in dict.fromkeys(r["fused_conv_mode"] for r in rows):
+        same = [r for r in rows if r["fused_conv_mode"] == mode]
+        ax_eff.plot([r["devices"] for r in same], [r["efficiency"] for r in same], marker="o",
+                    label=f"--fused-conv {mode}")
+    ax_eff.legend()
     ax_eff.axhline(1.0, color="grey", linestyle=":")
     ax_eff.set_xlabel("devices")
     ax_eff.set_ylabel("scaling efficiency (speedup / devices)")
@@ -329,25 +342,29 @@ def main(argv=None):
         return run_workers(args)
     data_dir = find_data_dir(args.data_dir, "train")
     data = (*load_split("train", data_dir, args.limit), *load_split("test", find_data_dir(args.data_dir, "test")))
-    total = args.epochs * args.repeats * (len(args.devices) + (args.baseline == "tutorial"))
+    modes = list(dict.fromkeys(args.fused_conv))
+    total = args.epochs * args.repeats * (len(args.devices) * len(modes) + (args.baseline == "tutorial"))
     rows, tutorial = [], None
     with tqdm(total=total, desc="bench", unit="epoch", disable=not progress_enabled(args)) as bar:
-        for spec in args.devices:
-            runs, info = time_ours(args, spec, bar)
-            rows.append(summarize(spec, runs, info["samples"], info["devices"]))
+        for mode in modes:
+            for spec in args.devices:
+                runs, info = time_ours(args, spec, bar, fused_conv=mode)
+                name = spec if len(modes) == 1 else f"{spec} {'fused' if info['fused_conv'] else 'unfused'}"
+                rows.append({**summarize(name, runs, info["samples"], info["devices"]), "spec": spec,
+                             "fused_conv_mode": mode, "fused_conv": info["fused_conv"]})
         if args.baseline == "tutorial":
             tutorial = summarize(args.devices[0], time_tutorial(args, data[:4], bar), len(data[0]),
                                  len(parse_devices(args.devices[0])))
-    base = rows[0]["median_epoch_s"]
-    for r in rows:
-        r["speedup"] = base / r["median_epoch_s"]
-        r["efficiency"] = r["speedup"] / (r["devices"] / rows[0]["devices"])
+    for r in rows:  # speedup and efficiency against the first spec in the same mode
+        base = next(b for b in rows if b["fused_conv_mode"] == r["fused_conv_mode"])
+        r["speedup"] = base["median_epoch_s"] / r["median_epoch_s"]
+        r["efficiency"] = r["speedup"] / (r["devices"] / base["devices"])
         if tutorial:
             r["vs_tutorial"] = tutorial["median_epoch_s"] / r["median_epoch_s"]
     flops = training_flops(args.model, len(data[0]))
     gflops = {}  # per device kind
     for r in rows:
-        ctx = parse_devices(r["name"])
+        ctx = parse_devices(r["spec"])
         kind = ctx[0].device_type
         if kind not in gflops:
             gflops[kind] = matmul_gflops(ctx[0])

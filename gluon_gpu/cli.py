@@ -59,15 +59,20 @@ def _number(kind, text):
         raise argparse.ArgumentTypeError(f"not a {'whole ' if kind is int else ''}number: {text!r}") from None
 
 
-def parser(prog, description, several_devices=False):
-    """A parser with the flags every gluon_gpu command takes (``several_devices``:
-    --devices takes a list of specs, for commands that compare them)."""
+def parser(prog, description, compare=False):
+    """A parser with the flags every gluon_gpu command takes (``compare``: --devices and
+    --fused-conv take lists, for the benchmark, which times every combination)."""
+    from .fused_conv import MODES
     p = Parser(prog=prog, description=description,
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--devices", default=None if several_devices else "all",
-                   nargs="+" if several_devices else None,
+    p.add_argument("--devices", default=None if compare else "all",
+                   nargs="+" if compare else None,
                    help="device spec: all, cpu, cpu*N, gpu, gpu*N, gpu:I,J"
-                        + (" (several to compare)" if several_devices else ""))
+                        + (" (several to compare)" if compare else ""))
+    p.add_argument("--fused-conv", choices=MODES, default=["auto"] if compare else "auto",
+                   nargs="+" if compare else None,
+                   help="LeNet's conv+relu+pool as one compiled CPU operator: auto (on CPUs, "
+                        "when it builds), on, off" + (" (several to compare)" if compare else ""))
     p.add_argument("--batch-size", type=positive_int, default=256,
                    help="global batch size, split over the devices")
     p.add_argument("--data-dir", default=None,

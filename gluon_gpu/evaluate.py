@@ -15,9 +15,9 @@ def build_parser():
     return p
 
 
-def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256):
+def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_conv="auto"):
     """Test-set accuracy of the parameters in ``path`` loaded onto ``ctx``."""
-    net = load_model(path, ctx, model)
+    net = load_model(path, ctx, model, fused_conv=fused_conv)
     test_x, test_y = load_split("test", find_data_dir(data_dir, "test"))
     dp = DataParallel(net, ctx, normalize_in_graph=True)
     members = getattr(net, "members", 1)
@@ -32,7 +32,7 @@ def main(argv=None):
     model = args.model or model
     with devices(args.devices) as ctx:
         check_batch(args.batch_size, ctx)
-        acc = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size)
+        acc = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv)
     what = f"ensemble of {members} {model}" if members > 1 and not args.model else model
     print(f"{args.params}: {what} test accuracy {acc:.4f} on {describe(ctx)} (10000 images)")
     return 0

@@ -14,8 +14,12 @@ ZOO_MODELS = ("cifar_resnet20_v1", "cifar_resnet20_v2", "cifar_resnet56_v1",
               "cifar_wideresnet16_10", "cifar_resnext29_16x64d")
 
 
-def lenet():
+def lenet(fused=False):
     """LeNet exactly as in MXNet's 'Use GPUs' tutorial, hybridizable.
+
+    ``fused=True``: each conv -> ReLU -> max-pool pair runs as one compiled CPU operator
+    (see fused_conv.py; the operator must be loaded) with the same parameters, names and
+    file keys, and the same initial values for the same seed.
 
     The layers are made inside the net's name scope, so their parameter names do not
     depend on how many layers the process made before. That matters: ``gluon.Trainer``
@@ -24,11 +28,16 @@ def lenet():
     process state would hand one layer's momentum to another."""
     net = nn.HybridSequential()
     with net.name_scope():
-        net.add(nn.Conv2D(channels=6, kernel_size=5, activation="relu"),
-                nn.MaxPool2D(pool_size=2, strides=2),
-                nn.Conv2D(channels=16, kernel_size=3, activation="relu"),
-                nn.MaxPool2D(pool_size=2, strides=2),
-                nn.Flatten(),
+        if fused:
+            from .fused_conv import ConvReluPool, PooledAbove
+            net.add(ConvReluPool(6, 5, in_channels=1, data_grad=False), PooledAbove(),
+                    ConvReluPool(16, 3, in_channels=6), PooledAbove())
+        else:
+            net.add(nn.Conv2D(channels=6, kernel_size=5, activation="relu"),
+                    nn.MaxPool2D(pool_size=2, strides=2),
+                    nn.Conv2D(channels=16, kernel_size=3, activation="relu"),
+                    nn.MaxPool2D(pool_size=2, strides=2))
+        net.add(nn.Flatten(),
                 nn.Dense(120, activation="relu"),
                 nn.Dense(84, activation="relu"),
                 nn.Dense(10))
@@ -39,16 +48,17 @@ def model_names():
     return ("lenet",) + ZOO_MODELS
 
 
-def get_model(name="lenet", classes=10, members=1):
+def get_model(name="lenet", classes=10, members=1, fused=False):
     """A fresh, uninitialized network by name: 'lenet' or a gluoncv zoo name in ZOO_MODELS;
-    ``members > 1``: an EnsembleLeNet of that many members."""
+    ``members > 1``: an EnsembleLeNet of that many members. ``fused``: LeNet with the
+    fused conv operator (other networks ignore it)."""
     if members > 1:
         if name != "lenet":
             raise UserError(f"--ensemble supports lenet only, not {name}")
         from .ensemble import EnsembleLeNet
         return EnsembleLeNet(members)
     if name == "lenet":
-        return lenet()
+        return lenet(fused)
     if name not in ZOO_MODELS:
         raise UserError(f"unknown model {name!r}: choose one of {', '.join(model_names())}")
     from gluoncv import model_zoo  # imported lazily: gluoncv is slow to import
@@ -59,18 +69,53 @@ def input_shape(members=1):
     return INPUT_SHAPE if members == 1 else (1, members, 28, 28)
 
 
-def init_model(name, seed, ctx, members=1):
+class SeededXavier(mx.init.Xavier):
+    """MXNet's default Xavier (uniform, fan average, magnitude 3), drawn by numpy from
+    ``seed``, in the order the parameters are initialized.
+
+    Why not MXNet's own draws: its random operators take generator copies from a pool
+    (MXNET_CPU_PARALLEL_RAND_COPY, which devices.py raises so that CPU contexts stop
+    waiting for each other) handed out round-robin, so the values a seed gives depend on
+    how many random or extension operators the process ran before; a numpy generator's
+    do not. The fused and the standard LeNet start from the same values."""
+
+    def __init__(self, seed):
+        super().__init__(rnd_type="uniform", factor_type="avg", magnitude=3)
+        self._rng = np.random.default_rng(seed)
+
+    def _init_weight(self, name, arr):
+        shape = arr.shape
+        if len(shape) < 2:
+            raise ValueError(f"Xavier initializer cannot be applied to vector {name}")
+        receptive = int(np.prod(shape[2:]))
+        scale = np.sqrt(self.magnitude / ((shape[1] + shape[0]) * receptive / 2.0))
+        arr[:] = self._rng.uniform(-scale, scale, shape).astype(np.float32)
+
+
+def fused_for(name, ctx, fused_conv="auto", members=1):
+    """Whether ``name`` on ``ctx`` gets the fused conv operator under mode ``fused_conv``
+    (auto, on, off; see fused_conv.use_fused): LeNet only, not an ensemble."""
+    from .fused_conv import use_fused
+    if name != "lenet" or members > 1:
+        if fused_conv == "on":
+            raise UserError("--fused-conv on applies to a single LeNet only")
+        return False
+    return use_fused(fused_conv, ctx)
+
+
+def init_model(name, seed, ctx, members=1, fused_conv="auto"):
     """A network initialized as every gluon_gpu run does it: seeded Xavier on ``ctx``,
     parameters materialized by one forward pass. An ensemble's member k is initialized
     exactly as a single network with seed ``seed + k``."""
+    fused = fused_for(name, ctx, fused_conv, members)
     if members > 1:
         from .ensemble import combine_members
         get_model(name, members=members)  # validates the name
-        return combine_members([init_model(name, seed + k, ctx) for k in range(members)], ctx)
+        return combine_members([init_model(name, seed + k, ctx, fused_conv="off") for k in range(members)], ctx)
     mx.random.seed(seed)
     np.random.seed(seed)
-    net = get_model(name)
-    net.initialize(mx.init.Xavier(), ctx=ctx)
+    net = get_model(name, fused=fused)
+    net.initialize(SeededXavier(seed), ctx=ctx)
     net(mx.nd.zeros(INPUT_SHAPE, ctx=ctx[0]))
     return net
 
@@ -87,12 +132,12 @@ def recorded_model(params_path, default="lenet"):
         return default, 1
 
 
-def load_model(path, ctx=None, model=None, members=None):
+def load_model(path, ctx=None, model=None, members=None, fused_conv="auto"):
     """Load saved parameters onto ``ctx`` (a Context or a list) and return the network.
 
     ``model`` and ``members`` (ensemble size) default to what the run recorded beside the
     file, else 'lenet' and 1. A missing file, a corrupt one, or one saved from another
-    architecture or ensemble size raises ParamsError.
+    architecture or ensemble size raises ParamsError. ``fused_conv``: see init_model.
     """
     ctx = ctx if ctx is not None else mx.cpu()
     ctx = ctx if isinstance(ctx, (list, tuple)) else [ctx]
@@ -101,7 +146,7 @@ def load_model(path, ctx=None, model=None, members=None):
     members = members or (recorded_members if model == recorded else 1)
     if not os.path.isfile(path):
         raise ParamsError(f"parameter file {path} does not exist")
-    net = get_model(model, members=members)
+    net = get_model(model, members=members, fused=fused_for(model, ctx, fused_conv, members))
     if members > 1:
         model = f"an ensemble of {members} {model}"
     try:

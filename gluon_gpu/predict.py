@@ -106,7 +106,7 @@ def main(argv=None):
     names, images = _inputs(args)
     spec = args.devices or ("gpu:0" if gpu_count() else "cpu")
     with devices(spec) as ctx:
-        probs = predict(load_model(args.params, ctx, args.model), images, ctx)
+        probs = predict(load_model(args.params, ctx, args.model, fused_conv=args.fused_conv), images, ctx)
     results = [{"input": name, "class": CLASSES[int(p.argmax())], "index": int(p.argmax()),
                 "probability": float(p.max()), "probabilities": [float(v) for v in p]}
                for name, p in zip(names, probs)]

@@ -17,6 +17,7 @@ from .cli import (MAX_SEED, add_model_flag, check_batch, main_guard, non_negativ
 from .data import PIPELINES, find_data_dir, load_split, make_pipeline
 from .devices import describe, devices, thread_settings
 from .errors import DivergedError, UserError
+from .fused_conv import is_fused
 from .loop import Interrupted, StopFlag, fit
 from .models import init_model
 from .parallel import DTYPES, KVSTORES, DataParallel, check_options, default_kvstore
@@ -25,8 +26,8 @@ OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
 EPOCH_SHAPED_LR = ("cosine", "poly", "linear")  # laid out over --epochs
 # Flags that may differ from the saved configuration when resuming a run.
-RESUME_MAY_CHANGE = {"epochs", "devices", "data_dir", "num_workers", "omp_threads", "engine_threads", "quiet", "log_interval",
-                     "save_period", "keep", "resume", "dry_run"}
+RESUME_MAY_CHANGE = {"epochs", "devices", "data_dir", "num_workers", "omp_threads", "engine_threads",
+                     "fused_conv", "quiet", "log_interval", "save_period", "keep", "resume", "dry_run"}
 NOT_CONFIG = {"resume", "dry_run"}
 
 
@@ -156,14 +157,15 @@ def build(args, ctx):
     test_x, test_y = load_split("test", find_data_dir(args.data_dir, "test"))
     store = mx.kv.create(args.kvstore) if args.kvstore and args.kvstore.startswith("dist") else None
     shard = (store.rank, store.num_workers) if store else (0, 1)
-    net = init_model(args.model, args.seed, ctx, args.ensemble)
+    net = init_model(args.model, args.seed, ctx, args.ensemble, args.fused_conv)
     train = make_pipeline(args.pipeline, train_x, train_y, args.batch_size, ctx, args.seed,
                           shuffle=True, num_workers=args.num_workers, members=args.ensemble, shard=shard)
     val = make_pipeline(args.pipeline, test_x, test_y, args.batch_size, ctx, args.seed,
                         shuffle=False, num_workers=args.num_workers, members=args.ensemble)
     dp = DataParallel(net, ctx, args.optimizer, optimizer_params(args, len(train)),
                       kvstore=store or args.kvstore, hybridize=args.hybridize,
-                      normalize_in_graph=train.normalize_in_graph, dtype=args.dtype)
+                      normalize_in_graph=train.normalize_in_graph, dtype=args.dtype,
+                      batch_size=args.batch_size)
     return dp, train, val, data_dir
 
 
@@ -223,6 +225,7 @@ def main(argv=None):
             check_writable(out)
         if chief:
             what = f"{args.ensemble} x {args.model}" if args.ensemble > 1 else args.model
+            what += " (fused conv+relu+pool)" if is_fused(dp.net) else ""
             workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
             print(f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers}{cpu_threads(ctx)} | "
                   f"kvstore {args.kvstore or default_kvstore(ctx)} | batch {args.batch_size} "
@@ -270,6 +273,7 @@ def _train(args, ctx, out, dp, train, val, data_dir, history, start_epoch, start
            seconds_before, chief=True):
     config = {k: v for k, v in vars(args).items() if k not in NOT_CONFIG}
     header = {"config": config, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
+              "fused_conv": is_fused(dp.net),
               "mxnet": mx.__version__, "gluon_gpu": __version__, "data_dir": data_dir}
     callbacks = [EpochPrinter(args.epochs, lambda line: print(line, flush=True)),
                  MetricsFile(os.path.join(out, "metrics.json"), header),

@@ -21,7 +21,7 @@ TEST_IMAGES = os.path.join(DEBIAN_DIR, "t10k-images-idx3-ubyte.gz")
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("run") / "run")
-    assert train.main(["--devices", "cpu", "--epochs", "1", "--limit", "2560", "--quiet", "--out", out]) == 0
+    assert train.main(["--devices", "cpu", "--epochs", "2", "--limit", "2560", "--quiet", "--out", out]) == 0
     return out
 
 
@@ -171,7 +171,7 @@ def test_idx_prediction_matches_validation_accuracy(run_dir, capsys):
 def test_dry_run_checks_everything_and_trains_nothing(tmp_path, capsys):
     out = tmp_path / "never"
     assert train.main(["--dry-run", "--devices", "cpu*2", "--out", str(out)]) == 0
-    assert "lenet on cpu(0), cpu(1)" in capsys.readouterr().out
+    assert "lenet (fused conv+relu+pool) on cpu(0), cpu(1)" in capsys.readouterr().out
     assert not out.exists()
 
 

@@ -29,8 +29,24 @@ def test_bench_runs_end_to_end_and_writes_json_and_png(tmp_path, capsys):
     assert report["peak_rss_mib"] > 0
     assert all(r["cores_busy"] > 0 and 0 < r["of_floor"] for r in report["results"])
     assert report["machine"]["threads"]["cpu_temp_copy"] >= 64
+    assert report["machine"]["threads"]["cpu_parallel_rand_copy"] >= 8
+    assert all(r["fused_conv"] for r in report["results"])  # auto, on CPUs: the fused operator
     with open(os.path.join(out, "scaling.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_compares_fused_conv_modes_side_by_side(tmp_path, capsys):
+    out = str(tmp_path / "bench")
+    assert bench.main(["--devices", "cpu", "cpu*2", "--fused-conv", "on", "off", "--epochs", "2",
+                       "--limit", "512", "--baseline", "none", "--out", out, "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    with open(os.path.join(out, "bench.json")) as f:
+        rows = json.load(f)["results"]
+    assert [r["name"] for r in rows] == ["cpu fused", "cpu*2 fused", "cpu unfused", "cpu*2 unfused"]
+    assert [r["fused_conv"] for r in rows] == [True, True, False, False]
+    assert rows[0]["speedup"] == 1.0 and rows[2]["speedup"] == 1.0  # each mode against its own cpu row
+    assert rows[3]["speedup"] == pytest.approx(rows[2]["median_epoch_s"] / rows[3]["median_epoch_s"])
+    assert "cpu*2 unfused" in printed
 
 
 def test_bench_rejects_a_bad_spec_before_any_work(tmp_path, capsys):
@@ -40,8 +56,9 @@ def test_bench_rejects_a_bad_spec_before_any_work(tmp_path, capsys):
 
 
 def test_lenet_training_flops_match_the_hand_count():
-    macs = 6 * 24 * 24 * 25 + 16 * 10 * 10 * 6 * 9 + 400 * 120 + 120 * 84 + 84 * 10
-    assert bench.training_flops("lenet", 10) == 2 * 3 * macs * 10
+    conv1 = 6 * 24 * 24 * 25
+    macs = conv1 + 16 * 10 * 10 * 6 * 9 + 400 * 120 + 120 * 84 + 84 * 10
+    assert bench.training_flops("lenet", 10) == 2 * (3 * macs - conv1) * 10  # no gradient for the images
 
 
 def test_default_specs_scale_over_gpus(monkeypatch):

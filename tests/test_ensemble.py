@@ -36,7 +36,7 @@ def test_member_k_equals_lenet_trained_alone_with_seed_plus_k(train_slice, spec,
     train_steps(ens, ctx, DevicePipeline(x, y, 128, ctx, seed, members=k_members), optimizer, params, steps)
     moved = 0.0
     for k in range(k_members):
-        alone = init_model("lenet", seed + k, ctx)
+        alone = init_model("lenet", seed + k, ctx, fused_conv="off")  # the same layers as the ensemble's
         start = param_arrays(alone)
         train_steps(alone, ctx, DevicePipeline(x, y, 128, ctx, seed + k), optimizer, params, steps)
         want, got = param_arrays(alone), param_arrays(extract_member(ens, k))

@@ -69,6 +69,23 @@ def test_uneven_and_tiny_batches_over_two_devices(train_slice, sizes):
     assert_same_params(p1, p2)
 
 
+@pytest.mark.parametrize("spec", ["cpu", "cpu*2"])
+def test_a_batch_smaller_than_the_nominal_size_moves_the_parameters_in_proportion(train_slice, spec):
+    """With batch_size=8 a batch of 4 is divided by 8 (as trainer.step(batch_size) in the
+    tutorial): plain SGD moves every parameter exactly half as far as dividing by 4."""
+    ctx = [mx.cpu(i) for i in range(2 if spec == "cpu*2" else 1)]
+    (x, y), = host_batches(train_slice, [4])
+    moves = []
+    for nominal in (None, 8):
+        dp = make_dp(ctx, seed=4, batch_size=nominal)
+        start = param_arrays(dp.net)
+        dp.step(x, y)
+        moves.append({k: v - start[k] for k, v in param_arrays(dp.net).items()})
+    for k in moves[0]:
+        assert np.abs(moves[0][k]).max() > 1e-5 or k.endswith("bias"), k
+        np.testing.assert_allclose(moves[1][k], moves[0][k] / 2, rtol=1e-4, atol=1e-7, err_msg=k)
+
+
 def test_same_seed_same_losses(train_slice):
     batches = host_batches(train_slice, [128] * 4)
     a, pa = run(make_dp([mx.cpu(0)], seed=5), batches)

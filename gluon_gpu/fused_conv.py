@@ -1,0 +1,189 @@
+"""LeNet's conv -> ReLU -> max-pool stages as one compiled CPU operator each.
+
+Why: on a CPU, oneDNN spends most of a LeNet step in layers far too small for it (conv1
+has one input channel; the training-mode max-pool writes a workspace): 10.6 ms of a 20 ms
+step went to conv1 + pool1 alone. ``gg_conv_relu_pool`` (kernels/conv_relu_pool.cc)
+computes each pool window's four conv outputs together, vectorized over output channels,
+and keeps only their maximum and its position for the backward pass. A LeNet step on one
+CPU context: 20.7 -> 7.2 ms; on cpu*2: 11.9 -> 5.3 ms (README "Performance").
+
+The operator is compiled once per machine with the C++ compiler (``$CXX``, else g++)
+against the headers MXNet's wheel ships, cached under ``$GLUON_GPU_CACHE`` (default
+``~/.cache/gluon_gpu``), and loaded with ``mx.library.load``. It has CPU kernels only:
+networks for GPUs are built with the standard layers, and ``--fused-conv auto`` (the
+default) falls back to them, with a one-line warning, wherever the operator cannot be
+built. The fused network has the standard LeNet's parameters, names and file keys, so
+parameters and checkpoints move freely between the two.
+"""
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import mxnet as mx
+from mxnet.gluon import nn
+
+from .errors import UserError
+
+MODES = ("auto", "on", "off")
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "conv_relu_pool.cc")
+# -fassociative-math lets the compiler vectorize the gradient sums; no -ffinite-math-only,
+# so NaNs still propagate (a diverged run must still be seen as one).
+CXXFLAGS = ["-shared", "-fPIC", "-std=c++17", "-O3", "-march=native", "-fno-math-errno",
+            "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
+
+_state = {"loaded": False, "error": None, "warned": False}
+
+
+class FusedConvUnavailable(Exception):
+    """The operator cannot be built or loaded here; the message says why, in one line."""
+
+
+def cache_dir():
+    return os.environ.get("GLUON_GPU_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gluon_gpu")
+
+
+def _mxnet_paths():
+    root = os.path.dirname(os.path.abspath(mx.__file__))
+    return os.path.join(root, "include"), os.path.join(root, "src", "lib_api.cc")
+
+
+def _cpu_flags():
+    """-march=native code runs only on CPUs with these features: part of the cache key."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((l for l in f if l.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def library_path(compiler):
+    include, lib_api = _mxnet_paths()
+    key = hashlib.sha256()
+    for part in (open(SOURCE, "rb").read(), open(lib_api, "rb").read(), " ".join(CXXFLAGS).encode(),
+                 compiler.encode(), mx.__version__.encode(), _cpu_flags().encode()):
+        key.update(part)
+    return os.path.join(cache_dir(), f"conv_relu_pool-{key.hexdigest()[:16]}.so")
+
+
+def build():
+    """The compiled library's path, compiling it first if it is not cached (atomically:
+    concurrent processes each compile to a temporary file and rename)."""
+    compiler = os.environ.get("CXX") or "g++"
+    if not shutil.which(compiler):
+        raise FusedConvUnavailable(f"no C++ compiler {compiler!r} on PATH (set CXX, or install g++)")
+    include, lib_api = _mxnet_paths()
+    if not os.path.isfile(os.path.join(include, "mxnet", "lib_api.h")) or not os.path.isfile(lib_api):
+        raise FusedConvUnavailable(f"this MXNet install has no extension headers ({include})")
+    path = library_path(compiler)
+    if os.path.isfile(path):
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    print("gluon_gpu: compiling the fused conv+relu+pool CPU operator (once per machine) ...",
+          file=sys.stderr, flush=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    os.close(fd)
+    try:
+        proc = subprocess.run([compiler, *CXXFLAGS, SOURCE, lib_api, "-I", include, "-o", tmp],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            errors = [l for l in proc.stderr.splitlines() if "error" in l] or proc.stderr.splitlines() or ["?"]
+            raise FusedConvUnavailable(f"{compiler} failed: {errors[0].strip()[:200]}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load():
+    """Build (if needed) and load the operator into MXNet, once per process."""
+    if _state["loaded"]:
+        return
+    if _state["error"] is None:
+        try:
+            mx.library.load(build(), verbose=False)
+            _state["loaded"] = True
+            return
+        except FusedConvUnavailable as e:
+            _state["error"] = str(e)
+        except (OSError, mx.base.MXNetError) as e:
+            _state["error"] = f"cannot load the compiled operator: {str(e).strip().splitlines()[-1][:200]}"
+    raise FusedConvUnavailable(_state["error"])
+
+
+def use_fused(mode, ctx):
+    """Whether to build LeNet with the fused operator for the contexts ``ctx``.
+
+    ``off``: never. ``on``: always, or a UserError saying why it cannot. ``auto``: when
+    every context is a CPU and the operator builds here; otherwise the standard layers
+    (with a one-line warning, once, if the operator failed to build)."""
+    if mode not in MODES:
+        raise UserError(f"unknown --fused-conv {mode!r}: choose one of {', '.join(MODES)}")
+    if mode == "off":
+        return False
+    if any(c.device_type != "cpu" for c in ctx):
+        if mode == "on":
+            raise UserError("--fused-conv on needs CPU devices: the fused operator has no GPU kernels")
+        return False
+    try:
+        load()
+        return True
+    except FusedConvUnavailable as e:
+        if mode == "on":
+            raise UserError(f"--fused-conv on: {e}") from None
+        if not _state["warned"]:
+            print(f"gluon_gpu: warning: fused conv operator unavailable ({e}); using the standard layers",
+                  file=sys.stderr)
+            _state["warned"] = True
+        return False
+
+
+class ConvReluPool(nn.HybridBlock):
+    """``Conv2D(channels, kernel, activation='relu')`` then ``MaxPool2D(2, 2)`` as one
+    operator, with the Conv2D's parameters (``weight``, ``bias``; named ``conv<N>_``).
+
+    ``data_grad=False`` skips the gradient with respect to the input (MXNet's extension
+    API does not say which gradients are wanted): only for a network's first layer,
+    whose input is the image batch. With a parameter's ``grad_req='add'`` (which the
+    extension API cannot honour) the block runs the standard operators instead."""
+
+    def __init__(self, channels, kernel, in_channels, data_grad=True, **kwargs):
+        super().__init__(**kwargs)
+        self.data_grad = data_grad
+        with self.name_scope():
+            self.weight = self.params.get("weight", shape=(channels, in_channels, kernel, kernel),
+                                          allow_deferred_init=True)
+            self.bias = self.params.get("bias", shape=(channels,), init="zeros", allow_deferred_init=True)
+
+    def _alias(self):
+        return "conv"
+
+    def __repr__(self):
+        f, c, k, _ = self.weight.shape
+        return f"{type(self).__name__}({c} -> {f}, kernel_size=({k}, {k}), relu, max-pool 2x2)"
+
+    def hybrid_forward(self, F, x, weight, bias):  # pylint: disable=arguments-differ
+        if "add" in (self.weight.grad_req, self.bias.grad_req):
+            z = F.Convolution(x, weight, bias, kernel=self.weight.shape[2:], num_filter=self.weight.shape[0])
+            return F.Pooling(F.relu(z), kernel=(2, 2), stride=(2, 2), pool_type="max")
+        return F.gg_conv_relu_pool(x, weight, bias, data_grad=int(self.data_grad))[0]
+
+
+class PooledAbove(nn.HybridBlock):
+    """Stands where the standard LeNet has its MaxPool2D (the ConvReluPool before it has
+    pooled already), so every layer keeps its index, name and parameter-file key."""
+
+    def _alias(self):
+        return "pool"
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return x
+
+
+def is_fused(net):
+    """Whether ``net`` runs the fused operator (a LeNet built with ``fused=True``)."""
+    return any(isinstance(b, ConvReluPool) for b in net._children.values())  # pylint: disable=protected-access
