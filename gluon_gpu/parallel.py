@@ -108,6 +108,10 @@ class DataParallel:
         store = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         kvstore = store.type if store else kvstore
         check_options(self.ctx, kvstore, dtype)
+        from .fused_conv import is_fused
+        if is_fused(net) and any(c.device_type != "cpu" for c in self.ctx):
+            raise UserError("this LeNet uses the fused conv operator, which has CPU kernels only: "
+                            "build it with fused=False (--fused-conv off) for GPUs")
         self.net, self.hybridize, self.dtype = net, hybridize, dtype
         self.members = getattr(net, "members", 1)
         self.normalize_in_graph = normalize_in_graph

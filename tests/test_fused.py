@@ -152,6 +152,8 @@ def test_modes(monkeypatch):
     with pytest.raises(UserError, match="unknown --fused-conv"):
         fused_conv.use_fused("fast", cpu)
     assert not fused_conv.is_fused(init_model("lenet", 0, cpu[:1], members=2))  # ensembles: grouped layers
+    with pytest.raises(UserError, match="CPU kernels only"):  # a fused net moved to GPUs by hand
+        DataParallel(init_model("lenet", 0, cpu[:1], fused_conv="on"), [mx.gpu(0)])
 
 
 def _fresh_state(monkeypatch, tmp_path):
