@@ -61,11 +61,12 @@ def _cpu_flags():
 
 
 def library_path(compiler):
-    include, lib_api = _mxnet_paths()
     key = hashlib.sha256()
-    for part in (open(SOURCE, "rb").read(), open(lib_api, "rb").read(), " ".join(CXXFLAGS).encode(),
-                 compiler.encode(), mx.__version__.encode(), _cpu_flags().encode()):
-        key.update(part)
+    for source in (SOURCE, _mxnet_paths()[1]):
+        with open(source, "rb") as f:
+            key.update(f.read())
+    for part in (" ".join(CXXFLAGS), compiler, mx.__version__, _cpu_flags()):
+        key.update(part.encode())
     return os.path.join(cache_dir(), f"conv_relu_pool-{key.hexdigest()[:16]}.so")
 
 
@@ -81,14 +82,21 @@ def build():
     path = library_path(compiler)
     if os.path.isfile(path):
         return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+        os.close(fd)
+    except OSError as e:
+        raise FusedConvUnavailable(f"cannot write the cache directory {os.path.dirname(path)}: "
+                                   f"{e.strerror or e} (set GLUON_GPU_CACHE)") from None
     print("gluon_gpu: compiling the fused conv+relu+pool CPU operator (once per machine) ...",
           file=sys.stderr, flush=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
-    os.close(fd)
     try:
-        proc = subprocess.run([compiler, *CXXFLAGS, SOURCE, lib_api, "-I", include, "-o", tmp],
-                              capture_output=True, text=True)
+        try:
+            proc = subprocess.run([compiler, *CXXFLAGS, SOURCE, lib_api, "-I", include, "-o", tmp],
+                                  capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            raise FusedConvUnavailable(f"{compiler} took over 10 minutes; gave up") from None
         if proc.returncode:
             errors = [l for l in proc.stderr.splitlines() if "error" in l] or proc.stderr.splitlines() or ["?"]
             raise FusedConvUnavailable(f"{compiler} failed: {errors[0].strip()[:200]}")

@@ -183,6 +183,14 @@ def test_a_compile_error_is_reported_in_one_line_and_nothing_is_cached(monkeypat
     assert not os.listdir(tmp_path / "cache")  # no half-written library left behind
 
 
+def test_an_unwritable_cache_is_one_clear_reason(monkeypatch, tmp_path):
+    _fresh_state(monkeypatch, tmp_path)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("GLUON_GPU_CACHE", str(tmp_path / "file" / "cache"))  # under a file
+    with pytest.raises(fused_conv.FusedConvUnavailable, match="cannot write the cache directory .*GLUON_GPU_CACHE"):
+        fused_conv.build()
+
+
 def test_the_library_is_compiled_once_and_reused(monkeypatch, tmp_path):
     _fresh_state(monkeypatch, tmp_path)
     path = fused_conv.build()
