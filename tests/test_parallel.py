@@ -6,17 +6,20 @@ from mxnet import nd
 from gluon_gpu import DataParallel, get_model
 from gluon_gpu.data import DevicePipeline, LoaderPipeline
 from gluon_gpu.errors import UserError
-from gluon_gpu.models import INPUT_SHAPE
+from gluon_gpu.models import INPUT_SHAPE, init_model
 from gluon_gpu.parallel import check_options
 
 from conftest import param_arrays
 
 
-def make_dp(ctx, seed=0, **kw):
-    mx.random.seed(seed)
-    net = get_model("lenet")
-    net.initialize(mx.init.Xavier(), ctx=ctx)
-    net(nd.zeros(INPUT_SHAPE, ctx=ctx[0]))
+def make_dp(ctx, seed=0, fused=False, **kw):
+    if fused:  # the fused LeNet, seeded as every gluon_gpu run seeds it
+        net = init_model("lenet", seed, ctx, fused_conv="on")
+    else:
+        mx.random.seed(seed)
+        net = get_model("lenet")
+        net.initialize(mx.init.Xavier(), ctx=ctx)
+        net(nd.zeros(INPUT_SHAPE, ctx=ctx[0]))
     kw.setdefault("optimizer_params", {"learning_rate": 0.1})
     return DataParallel(net, ctx, **kw)
 
@@ -59,13 +62,14 @@ def test_two_devices_match_one_device(train_slice, optimizer, params):
     assert max(np.abs(fresh[k] - p1[k]).max() for k in fresh) > 1e-3
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["standard", "fused"])
 @pytest.mark.parametrize("sizes", [[5], [1], [3, 1, 7]])
-def test_uneven_and_tiny_batches_over_two_devices(train_slice, sizes):
+def test_uneven_and_tiny_batches_over_two_devices(train_slice, sizes, fused):
     """A batch that does not divide evenly, or is smaller than the device count,
     gives the same update as on one device (idle devices add zero, not stale, gradients)."""
     batches = host_batches(train_slice, [256] + sizes)
-    _, p1 = run(make_dp([mx.cpu(0)]), batches)
-    _, p2 = run(make_dp([mx.cpu(0), mx.cpu(1)]), batches)
+    _, p1 = run(make_dp([mx.cpu(0)], fused=fused), batches)
+    _, p2 = run(make_dp([mx.cpu(0), mx.cpu(1)], fused=fused), batches)
     assert_same_params(p1, p2)
 
 
