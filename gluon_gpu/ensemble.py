@@ -19,15 +19,25 @@ _DENSES = (("5", 120, 400), ("6", 84, 120), ("7", 10, 84))  # index, units, in_u
 
 
 class EnsembleLeNet(gluon.HybridBlock):
-    def __init__(self, members, **kwargs):
+    """``fused=True``: each grouped conv -> ReLU -> max-pool runs as the fused CPU operator
+    with ``groups=K`` (fused_conv.py), with the same parameters and keys."""
+
+    def __init__(self, members, fused=False, **kwargs):
         super().__init__(**kwargs)
         self.members = members
         k = members
         with self.name_scope():
-            self.conv1 = nn.Conv2D(6 * k, 5, groups=k, in_channels=k, activation="relu")
-            self.pool1 = nn.MaxPool2D(pool_size=2, strides=2)
-            self.conv2 = nn.Conv2D(16 * k, 3, groups=k, in_channels=6 * k, activation="relu")
-            self.pool2 = nn.MaxPool2D(pool_size=2, strides=2)
+            if fused:
+                from .fused_conv import ConvReluPool, PooledAbove
+                self.conv1 = ConvReluPool(6 * k, 5, in_channels=k, groups=k, data_grad=False)
+                self.pool1 = PooledAbove()
+                self.conv2 = ConvReluPool(16 * k, 3, in_channels=6 * k, groups=k)
+                self.pool2 = PooledAbove()
+            else:
+                self.conv1 = nn.Conv2D(6 * k, 5, groups=k, in_channels=k, activation="relu")
+                self.pool1 = nn.MaxPool2D(pool_size=2, strides=2)
+                self.conv2 = nn.Conv2D(16 * k, 3, groups=k, in_channels=6 * k, activation="relu")
+                self.pool2 = nn.MaxPool2D(pool_size=2, strides=2)
             for i, (_, units, in_units) in enumerate(_DENSES, 1):
                 setattr(self, f"fc{i}_weight", self.params.get(f"fc{i}_weight", shape=(k, units, in_units)))
                 setattr(self, f"fc{i}_bias", self.params.get(f"fc{i}_bias", shape=(k, 1, units),
@@ -64,11 +74,12 @@ def _materialized(net, shape, ctx):
     return net
 
 
-def combine_members(nets, ctx=None):
-    """An EnsembleLeNet whose member k holds ``nets[k]``'s parameters (copies)."""
+def combine_members(nets, ctx=None, fused=False):
+    """An EnsembleLeNet (``fused``: with the fused conv operator) whose member k holds
+    ``nets[k]``'s parameters (copies)."""
     first = next(iter(nets[0].collect_params().values()))
     ctx = ctx or first.list_ctx()
-    ens = EnsembleLeNet(len(nets))
+    ens = EnsembleLeNet(len(nets), fused)
     ens.initialize(ctx=ctx)
     _materialized(ens, (1, len(nets), 28, 28), ctx)
     arrays = [_lenet_arrays(n) for n in nets]

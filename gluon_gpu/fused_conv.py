@@ -154,16 +154,18 @@ class ConvReluPool(nn.HybridBlock):
     """``Conv2D(channels, kernel, activation='relu')`` then ``MaxPool2D(2, 2)`` as one
     operator, with the Conv2D's parameters (``weight``, ``bias``; named ``conv<N>_``).
 
-    ``data_grad=False`` skips the gradient with respect to the input (MXNet's extension
-    API does not say which gradients are wanted): only for a network's first layer,
-    whose input is the image batch. With a parameter's ``grad_req='add'`` (which the
-    extension API cannot honour) the block runs the standard operators instead."""
+    ``groups``: independent convolutions over channel groups, as ``Conv2D(groups=)``
+    (``in_channels`` counts all groups; an ensemble's members). ``data_grad=False`` skips
+    the gradient with respect to the input (MXNet's extension API does not say which
+    gradients are wanted): only for a network's first layer, whose input is the image
+    batch. With a parameter's ``grad_req='add'`` (which the extension API cannot honour)
+    the block runs the standard operators instead."""
 
-    def __init__(self, channels, kernel, in_channels, data_grad=True, **kwargs):
+    def __init__(self, channels, kernel, in_channels, groups=1, data_grad=True, **kwargs):
         super().__init__(**kwargs)
-        self.data_grad = data_grad
+        self.groups, self.data_grad = groups, data_grad
         with self.name_scope():
-            self.weight = self.params.get("weight", shape=(channels, in_channels, kernel, kernel),
+            self.weight = self.params.get("weight", shape=(channels, in_channels // groups, kernel, kernel),
                                           allow_deferred_init=True)
             self.bias = self.params.get("bias", shape=(channels,), init="zeros", allow_deferred_init=True)
 
@@ -172,13 +174,15 @@ class ConvReluPool(nn.HybridBlock):
 
     def __repr__(self):
         f, c, k, _ = self.weight.shape
-        return f"{type(self).__name__}({c} -> {f}, kernel_size=({k}, {k}), relu, max-pool 2x2)"
+        groups = f", groups={self.groups}" if self.groups > 1 else ""
+        return f"{type(self).__name__}({c * self.groups} -> {f}, kernel_size=({k}, {k}){groups}, relu, max-pool 2x2)"
 
     def hybrid_forward(self, F, x, weight, bias):  # pylint: disable=arguments-differ
         if "add" in (self.weight.grad_req, self.bias.grad_req):
-            z = F.Convolution(x, weight, bias, kernel=self.weight.shape[2:], num_filter=self.weight.shape[0])
+            z = F.Convolution(x, weight, bias, kernel=self.weight.shape[2:], num_filter=self.weight.shape[0],
+                              num_group=self.groups)
             return F.Pooling(F.relu(z), kernel=(2, 2), stride=(2, 2), pool_type="max")
-        return F.gg_conv_relu_pool(x, weight, bias, data_grad=int(self.data_grad))[0]
+        return F.gg_conv_relu_pool(x, weight, bias, data_grad=int(self.data_grad), groups=self.groups)[0]
 
 
 class PooledAbove(nn.HybridBlock):

@@ -50,13 +50,13 @@ def model_names():
 
 def get_model(name="lenet", classes=10, members=1, fused=False):
     """A fresh, uninitialized network by name: 'lenet' or a gluoncv zoo name in ZOO_MODELS;
-    ``members > 1``: an EnsembleLeNet of that many members. ``fused``: LeNet with the
-    fused conv operator (other networks ignore it)."""
+    ``members > 1``: an EnsembleLeNet of that many members. ``fused``: LeNet (or the
+    ensemble) with the fused conv operator (other networks ignore it)."""
     if members > 1:
         if name != "lenet":
             raise UserError(f"--ensemble supports lenet only, not {name}")
         from .ensemble import EnsembleLeNet
-        return EnsembleLeNet(members)
+        return EnsembleLeNet(members, fused)
     if name == "lenet":
         return lenet(fused)
     if name not in ZOO_MODELS:
@@ -92,13 +92,13 @@ class SeededXavier(mx.init.Xavier):
         arr[:] = self._rng.uniform(-scale, scale, shape).astype(np.float32)
 
 
-def fused_for(name, ctx, fused_conv="auto", members=1):
+def fused_for(name, ctx, fused_conv="auto"):
     """Whether ``name`` on ``ctx`` gets the fused conv operator under mode ``fused_conv``
-    (auto, on, off; see fused_conv.use_fused): LeNet only, not an ensemble."""
+    (auto, on, off; see fused_conv.use_fused): LeNet and its ensembles only."""
     from .fused_conv import use_fused
-    if name != "lenet" or members > 1:
+    if name != "lenet":
         if fused_conv == "on":
-            raise UserError("--fused-conv on applies to a single LeNet only")
+            raise UserError(f"--fused-conv on applies to lenet only, not {name}")
         return False
     return use_fused(fused_conv, ctx)
 
@@ -107,11 +107,12 @@ def init_model(name, seed, ctx, members=1, fused_conv="auto"):
     """A network initialized as every gluon_gpu run does it: seeded Xavier on ``ctx``,
     parameters materialized by one forward pass. An ensemble's member k is initialized
     exactly as a single network with seed ``seed + k``."""
-    fused = fused_for(name, ctx, fused_conv, members)
+    fused = fused_for(name, ctx, fused_conv)
     if members > 1:
         from .ensemble import combine_members
         get_model(name, members=members)  # validates the name
-        return combine_members([init_model(name, seed + k, ctx, fused_conv="off") for k in range(members)], ctx)
+        nets = [init_model(name, seed + k, ctx, fused_conv="off") for k in range(members)]
+        return combine_members(nets, ctx, fused)
     mx.random.seed(seed)
     np.random.seed(seed)
     net = get_model(name, fused=fused)
@@ -146,7 +147,7 @@ def load_model(path, ctx=None, model=None, members=None, fused_conv="auto"):
     members = members or (recorded_members if model == recorded else 1)
     if not os.path.isfile(path):
         raise ParamsError(f"parameter file {path} does not exist")
-    net = get_model(model, members=members, fused=fused_for(model, ctx, fused_conv, members))
+    net = get_model(model, members=members, fused=fused_for(model, ctx, fused_conv))
     if members > 1:
         model = f"an ensemble of {members} {model}"
     try:

@@ -9,6 +9,7 @@ from mxnet import nd
 from gluon_gpu import DataParallel, evaluate, load_model, predict, train
 from gluon_gpu.data import DevicePipeline
 from gluon_gpu.ensemble import EnsembleLeNet, combine_members, extract_member
+from gluon_gpu.fused_conv import is_fused
 from gluon_gpu.models import init_model
 
 from conftest import param_arrays, read_metrics
@@ -22,21 +23,24 @@ def train_steps(net, ctx, pipeline, optimizer, params, steps):
     return dp
 
 
+@pytest.mark.parametrize("fused_conv", ["off", "on"], ids=["standard", "fused"])
 @pytest.mark.parametrize("spec,optimizer,params", [
     ("cpu", "sgd", {"learning_rate": 0.1}),
     ("cpu", "sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3}),
     ("cpu", "adam", {"learning_rate": 0.003}),
     ("cpu*2", "sgd", {"learning_rate": 0.05, "momentum": 0.9}),
 ])
-def test_member_k_equals_lenet_trained_alone_with_seed_plus_k(train_slice, spec, optimizer, params):
+def test_member_k_equals_lenet_trained_alone_with_seed_plus_k(train_slice, spec, optimizer, params, fused_conv):
+    """With the standard layers (grouped convolutions against single ones) and with the
+    fused operator (groups=K against one group)."""
     ctx = [mx.cpu(i) for i in range(2 if spec == "cpu*2" else 1)]
     x, y = train_slice
     seed, k_members, steps = 11, 3, 6
-    ens = init_model("lenet", seed, ctx, members=k_members)
+    ens = init_model("lenet", seed, ctx, members=k_members, fused_conv=fused_conv)
     train_steps(ens, ctx, DevicePipeline(x, y, 128, ctx, seed, members=k_members), optimizer, params, steps)
     moved = 0.0
     for k in range(k_members):
-        alone = init_model("lenet", seed + k, ctx, fused_conv="off")  # the same layers as the ensemble's
+        alone = init_model("lenet", seed + k, ctx, fused_conv=fused_conv)
         start = param_arrays(alone)
         train_steps(alone, ctx, DevicePipeline(x, y, 128, ctx, seed + k), optimizer, params, steps)
         want, got = param_arrays(alone), param_arrays(extract_member(ens, k))
@@ -67,7 +71,7 @@ def test_extract_combine_round_trip_preserves_predictions_exactly(train_slice):
     members = [extract_member(ens, k) for k in range(4)]
     for k, net in enumerate(members):
         np.testing.assert_allclose(net(x.expand_dims(1)).asnumpy(), out[:, k], rtol=1e-5, atol=1e-5)
-    again = combine_members(members)
+    again = combine_members(members, fused=is_fused(ens))  # the same implementation: exactly
     np.testing.assert_array_equal(again(fused_input).asnumpy(), out)
     with pytest.raises(IndexError):
         extract_member(ens, 4)

@@ -63,6 +63,24 @@ def test_operator_matches_conv_relu_maxpool_values_and_gradients(shape):
     assert (got[0] > 0).mean() > 0.2 and np.abs(got[2]).max() > 0.1  # not a trivial case
 
 
+@pytest.mark.parametrize("shape", [(4, 3, 28, 28, 18, 5), (4, 18, 12, 12, 48, 3)], ids=["conv1x3", "conv2x3"])
+def test_groups_match_a_grouped_convolution(shape):
+    """groups=3, as a 3-member ensemble's layers: against Convolution(num_group=3)."""
+    n, c, h, w_, f, k = shape
+    groups = 3
+    rng = np.random.default_rng(2)
+    x, w, b = (nd.array(rng.normal(size=s)) for s in ((n, c, h, w_), (f, c // groups, k, k), (f,)))
+    head = nd.array(rng.normal(size=(n, f, (h - k + 1) // 2, (w_ - k + 1) // 2)))
+
+    def grouped(x, w, b):
+        z = nd.Convolution(x, w, b, kernel=(k, k), num_filter=f, num_group=groups)
+        return nd.Pooling(nd.relu(z), kernel=(2, 2), stride=(2, 2), pool_type="max")
+    want = forward_backward(grouped, x, w, b, head)
+    got = forward_backward(lambda *a: nd.gg_conv_relu_pool(*a, groups=groups)[0], x, w, b, head)
+    for name, g, e in zip(("output", "data grad", "weight grad", "bias grad"), got, want):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
 def test_without_data_grad_the_parameter_gradients_are_unchanged_and_the_data_gradient_is_zero():
     rng = np.random.default_rng(1)
     x, w, b = (nd.array(rng.normal(size=s)) for s in ((4, 1, 28, 28), (6, 1, 5, 5), (6,)))
@@ -151,7 +169,8 @@ def test_modes(monkeypatch):
         fused_conv.use_fused("on", [mx.gpu(0)])
     with pytest.raises(UserError, match="unknown --fused-conv"):
         fused_conv.use_fused("fast", cpu)
-    assert not fused_conv.is_fused(init_model("lenet", 0, cpu[:1], members=2))  # ensembles: grouped layers
+    assert fused_conv.is_fused(init_model("lenet", 0, cpu[:1], members=2))  # ensembles: groups=K
+    assert not fused_conv.is_fused(init_model("lenet", 0, cpu[:1], members=2, fused_conv="off"))
     with pytest.raises(UserError, match="CPU kernels only"):  # a fused net moved to GPUs by hand
         DataParallel(init_model("lenet", 0, cpu[:1], fused_conv="on"), [mx.gpu(0)])
 
@@ -206,10 +225,10 @@ def test_train_records_the_fused_operator_and_refuses_it_where_it_cannot_run(tmp
     out = str(tmp_path / "run")
     assert train.main(["--devices", "cpu", "--epochs", "1", "--limit", "512", "--quiet", "--out", out]) == 0
     assert read_metrics(out)["fused_conv"] is True
-    assert train.main(["--devices", "cpu", "--ensemble", "2", "--fused-conv", "on", "--dry-run",
-                       "--out", str(tmp_path / "x")]) == 2
+    assert train.main(["--devices", "cpu", "--model", "cifar_resnet20_v1", "--fused-conv", "on",
+                       "--dry-run", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["gluon_gpu.train: error: --fused-conv on applies to a single LeNet only"]
+    assert err == ["gluon_gpu.train: error: --fused-conv on applies to lenet only, not cifar_resnet20_v1"]
     assert train.main(["--devices", "cpu", "--fused-conv", "off", "--dry-run", "--out", str(tmp_path / "y")]) == 0
     assert "conv+relu+pool" not in capsys.readouterr().out
 

@@ -11,7 +11,8 @@
 // inputs: data (N,C,H,W), weight (F,C,K,K), bias (F); float32.
 // outputs: pooled (N,F,PH,PW) float32, argmax (N,F,PH,PW) uint8 in 0..3.
 // attribute data_grad (default 1): 0 skips the data gradient (written as zeros): for a
-// network's first layer, whose input is the image batch.
+// network's first layer, whose input is the image batch. Attribute groups (default 1):
+// G independent convolutions, as Conv2D(groups=G): data (N,G*C,H,W), weight (G*F,C,K,K).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -25,15 +26,18 @@ using namespace mxnet::ext;
 
 namespace {
 
+// One group's sizes (c input and f output channels), and the strides of a whole image
+// (xs input, ys output values: all groups' channels).
 struct Dims {
-  int64_t n, c, h, w, f, k, ph, pw;
+  int64_t n, c, h, w, f, k, ph, pw, xs, ys;
 };
 
-Dims dims_of(const std::vector<int64_t>& x, const std::vector<int64_t>& w) {
+Dims dims_of(const std::vector<int64_t>& x, const std::vector<int64_t>& w, int64_t groups) {
   Dims d;
-  d.n = x[0]; d.c = x[1]; d.h = x[2]; d.w = x[3];
-  d.f = w[0]; d.k = w[2];
+  d.n = x[0]; d.c = w[1]; d.h = x[2]; d.w = x[3];
+  d.f = w[0] / groups; d.k = w[2];
   d.ph = (d.h - d.k + 1) / 2; d.pw = (d.w - d.k + 1) / 2;
+  d.xs = x[1] * d.h * d.w; d.ys = w[0] * d.ph * d.pw;
   return d;
 }
 
@@ -67,7 +71,7 @@ void forward_impl(const Dims& d, const float* __restrict x, const float* __restr
   std::vector<v> bias(fbs, v{});
   for (int64_t f = 0; f < d.f; ++f) bias[f / FB][f % FB] = b[f];
   for (int64_t n = 0; n < d.n; ++n) {
-    const float* xn = x + n * d.c * d.h * d.w;
+    const float* xn = x + n * d.xs;
     for (int64_t fb = 0; fb < fbs; ++fb) {
       const v* wb = packed.data() + fb * taps;
       const int64_t nf = std::min<int64_t>(FB, d.f - fb * FB);
@@ -96,7 +100,7 @@ void forward_impl(const Dims& d, const float* __restrict x, const float* __restr
           best = sum != sum ? sum : best + bias[fb];          // a NaN stays a NaN
           best = best > 0.f || best != best ? best : v{};     // relu(max) == max(relu)
           for (int64_t l = 0; l < nf; ++l) {
-            const int64_t i = (n * d.f + fb * FB + l) * plane + py * d.pw + px;
+            const int64_t i = n * d.ys + (fb * FB + l) * plane + py * d.pw + px;
             y[i] = best[l];
             m[i] = static_cast<uint8_t>(at[l]);
           }
@@ -126,7 +130,7 @@ void backward_impl(const Dims& d, bool data_grad, const float* __restrict dy,
   }
   std::vector<v> dbp(fbs, v{});
   for (int64_t n = 0; n < d.n; ++n) {
-    const float* xn = x + n * d.c * hw;
+    const float* xn = x + n * d.xs;
     if (data_grad) std::fill(dxt.begin(), dxt.end(), vc{});
     for (int64_t fb = 0; fb < fbs; ++fb) {
       v* dwb = dwp.data() + fb * taps;
@@ -136,7 +140,7 @@ void backward_impl(const Dims& d, bool data_grad, const float* __restrict dy,
           // the pool's gradient, routed to its maximum where the relu passed it
           v g[4] = {};
           for (int64_t l = 0; l < nf; ++l) {  // branch-free: the relu passes half the time
-            const int64_t i = (n * d.f + fb * FB + l) * plane + py * d.pw + px;
+            const int64_t i = n * d.ys + (fb * FB + l) * plane + py * d.pw + px;
             const float gv = y[i] > 0.f ? dy[i] : 0.f;
             g[m[i]][l] = gv;
             dbp[fb][l] += gv;
@@ -152,7 +156,7 @@ void backward_impl(const Dims& d, bool data_grad, const float* __restrict dy,
           if (!data_grad) continue;
           const int64_t offs[4] = {0, 1, d.w, d.w + 1};
           for (int64_t l = 0; l < nf; ++l) {  // each channel's one window position; no branch
-            const int64_t i = (n * d.f + fb * FB + l) * plane + py * d.pw + px;
+            const int64_t i = n * d.ys + (fb * FB + l) * plane + py * d.pw + px;
             const float gv = g[m[i]][l];
             const int64_t f = fb * FB + l, at = x00 + offs[m[i]];
             for (int64_t cb = 0; cb < cbs; ++cb) {
@@ -165,32 +169,42 @@ void backward_impl(const Dims& d, bool data_grad, const float* __restrict dy,
         }
     }
     if (data_grad) {
-      float* dxn = dx + n * d.c * hw;
+      float* dxn = dx + n * d.xs;
       for (int64_t c = 0; c < d.c; ++c)
         for (int64_t p = 0; p < hw; ++p) dxn[c * hw + p] = dxt[(c / CB) * hw + p][c % CB];
     }
   }
-  if (!data_grad) std::memset(dx, 0, sizeof(float) * d.n * d.c * hw);
   for (int64_t f = 0; f < d.f; ++f)
     for (int64_t t = 0; t < taps; ++t) dw[f * taps + t] = dwp[(f / FB) * taps + t][f % FB];
   for (int64_t f = 0; f < d.f; ++f) db[f] = dbp[f / FB][f % FB];
 }
 
-bool data_grad_of(const std::unordered_map<std::string, std::string>& attrs) {
-  auto it = attrs.find("data_grad");
+bool flag(const std::unordered_map<std::string, std::string>& attrs, const char* name) {
+  auto it = attrs.find(name);
   return it == attrs.end() || (it->second != "0" && it->second != "False" && it->second != "false");
 }
 
-MXReturnValue forward(const std::unordered_map<std::string, std::string>&,
+int64_t groups_of(const std::unordered_map<std::string, std::string>& attrs) {
+  auto it = attrs.find("groups");
+  return it == attrs.end() ? 1 : std::stoll(it->second);
+}
+
+// Each group is an independent conv+relu+pool (an ensemble's members): run one by one.
+MXReturnValue forward(const std::unordered_map<std::string, std::string>& attrs,
                       std::vector<MXTensor>* in, std::vector<MXTensor>* out,
                       const OpResource&) {
-  const Dims d = dims_of((*in)[0].shape, (*in)[1].shape);
-  auto args = std::make_tuple(d, (*in)[0].data<float>(), (*in)[1].data<float>(),
-                              (*in)[2].data<float>(), (*out)[0].data<float>(),
-                              (*out)[1].data<uint8_t>());
-  if (d.k == 5 && d.f <= 8) std::apply(forward_impl<8, 5>, args);        // LeNet conv1
-  else if (d.k == 3 && d.f == 16) std::apply(forward_impl<16, 3>, args); // LeNet conv2
-  else std::apply(forward_impl<16, 0>, args);
+  const int64_t groups = groups_of(attrs);
+  const Dims d = dims_of((*in)[0].shape, (*in)[1].shape, groups);
+  const int64_t taps = d.c * d.k * d.k, plane = d.ph * d.pw, hw = d.h * d.w;
+  for (int64_t g = 0; g < groups; ++g) {
+    auto args = std::make_tuple(d, (*in)[0].data<float>() + g * d.c * hw,
+                                (*in)[1].data<float>() + g * d.f * taps, (*in)[2].data<float>() + g * d.f,
+                                (*out)[0].data<float>() + g * d.f * plane,
+                                (*out)[1].data<uint8_t>() + g * d.f * plane);
+    if (d.k == 5 && d.f <= 8) std::apply(forward_impl<8, 5>, args);        // LeNet conv1
+    else if (d.k == 3 && d.f == 16) std::apply(forward_impl<16, 3>, args); // LeNet conv2
+    else std::apply(forward_impl<16, 0>, args);
+  }
   return MX_SUCCESS;
 }
 
@@ -198,15 +212,22 @@ MXReturnValue forward(const std::unordered_map<std::string, std::string>&,
 MXReturnValue backward(const std::unordered_map<std::string, std::string>& attrs,
                        std::vector<MXTensor>* in, std::vector<MXTensor>* out,
                        const OpResource&) {
-  const Dims d = dims_of((*in)[2].shape, (*in)[3].shape);
-  auto args = std::make_tuple(d, data_grad_of(attrs), (*in)[0].data<float>(),
-                              (*in)[2].data<float>(), (*in)[3].data<float>(),
-                              (*in)[5].data<float>(), (*in)[6].data<uint8_t>(),
-                              (*out)[0].data<float>(), (*out)[1].data<float>(),
-                              (*out)[2].data<float>());
-  if (d.k == 5 && d.f <= 8) std::apply(backward_impl<8, 5>, args);
-  else if (d.k == 3 && d.f == 16) std::apply(backward_impl<16, 3>, args);
-  else std::apply(backward_impl<16, 0>, args);
+  const int64_t groups = groups_of(attrs);
+  const bool data_grad = flag(attrs, "data_grad");
+  const Dims d = dims_of((*in)[2].shape, (*in)[3].shape, groups);
+  const int64_t taps = d.c * d.k * d.k, plane = d.ph * d.pw, hw = d.h * d.w;
+  if (!data_grad) std::memset((*out)[0].data<float>(), 0, sizeof(float) * d.n * d.xs);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t ys = g * d.f * plane;
+    auto args = std::make_tuple(d, data_grad, (*in)[0].data<float>() + ys,
+                                (*in)[2].data<float>() + g * d.c * hw, (*in)[3].data<float>() + g * d.f * taps,
+                                (*in)[5].data<float>() + ys, (*in)[6].data<uint8_t>() + ys,
+                                (*out)[0].data<float>() + g * d.c * hw, (*out)[1].data<float>() + g * d.f * taps,
+                                (*out)[2].data<float>() + g * d.f);
+    if (d.k == 5 && d.f <= 8) std::apply(backward_impl<8, 5>, args);
+    else if (d.k == 3 && d.f == 16) std::apply(backward_impl<16, 3>, args);
+    else std::apply(backward_impl<16, 0>, args);
+  }
   return MX_SUCCESS;
 }
 
@@ -229,16 +250,17 @@ MXReturnValue infer_type(const std::unordered_map<std::string, std::string>&,
   return MX_SUCCESS;
 }
 
-MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>&,
+MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& attrs,
                           std::vector<std::vector<unsigned int>>* in_shapes,
                           std::vector<std::vector<unsigned int>>* out_shapes) {
   const auto& x = (*in_shapes)[0];
   const auto& w = (*in_shapes)[1];
   const auto& b = (*in_shapes)[2];
-  if (x.size() != 4 || w.size() != 4 || b.size() != 1 || w[1] != x[1] || w[2] != w[3] ||
-      b[0] != w[0] || x[2] < w[2] + 1 || x[3] < w[3] + 1) {
-    MX_ERROR_MSG << "gg_conv_relu_pool: expected data (N,C,H,W), weight (F,C,K,K), bias (F), "
-                 << "H and W > K";
+  const int64_t groups = groups_of(attrs);
+  if (x.size() != 4 || w.size() != 4 || b.size() != 1 || groups < 1 || w[1] * groups != x[1] ||
+      w[0] % groups != 0 || w[2] != w[3] || b[0] != w[0] || x[2] < w[2] + 1 || x[3] < w[3] + 1) {
+    MX_ERROR_MSG << "gg_conv_relu_pool: expected data (N,G*C,H,W), weight (G*F,C,K,K), bias (G*F) "
+                 << "for groups=G, H and W > K";
     return MX_FAIL;
   }
   const unsigned ph = (x[2] - w[2] + 1) / 2, pw = (x[3] - w[3] + 1) / 2;
