@@ -12,8 +12,8 @@ against the headers MXNet's wheel ships, cached under ``$GLUON_GPU_CACHE`` (defa
 ``~/.cache/gluon_gpu``), and loaded with ``mx.library.load``. It has CPU kernels only:
 networks for GPUs are built with the standard layers, and ``--fused-conv auto`` (the
 default) falls back to them, with a one-line warning, wherever the operator cannot be
-built. The fused network has the standard LeNet's parameters, names and file keys, so
-parameters and checkpoints move freely between the two.
+built. The fused network (LeNet, or an ensemble with ``groups=K``) has the standard one's
+parameters, names and file keys, so parameters and checkpoints move freely between the two.
 """
 import hashlib
 import os
