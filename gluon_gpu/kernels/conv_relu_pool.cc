@@ -92,13 +92,14 @@ void forward_impl(const Dims& d, const float* __restrict x, const float* __restr
           // The pool's maximum and its position, branch-free (a data-dependent branch per
           // lane mispredicted half the time and cost more than the convolution). The first
           // maximum wins, in the order (0,0) (0,1) (1,0) (1,1), as in MXNet's pooling.
-          v best = acc0, at = v{};
-          const auto gt1 = acc1 > best; best = gt1 ? acc1 : best; at = gt1 ? at + 1.f : at;
-          const auto gt2 = acc2 > best; best = gt2 ? acc2 : best; at = gt2 ? at - at + 2.f : at;
-          const auto gt3 = acc3 > best; best = gt3 ? acc3 : best; at = gt3 ? at - at + 3.f : at;
+          const v zero{}, one = zero + 1.f, two = zero + 2.f, three = zero + 3.f;
+          v best = acc0, at = zero;
+          const auto gt1 = acc1 > best; best = gt1 ? acc1 : best; at = gt1 ? one : at;
+          const auto gt2 = acc2 > best; best = gt2 ? acc2 : best; at = gt2 ? two : at;
+          const auto gt3 = acc3 > best; best = gt3 ? acc3 : best; at = gt3 ? three : at;
           const v sum = acc0 + acc1 + acc2 + acc3;
           best = sum != sum ? sum : best + bias[fb];          // a NaN stays a NaN
-          best = best > 0.f || best != best ? best : v{};     // relu(max) == max(relu)
+          best = best > 0.f || best != best ? best : zero;    // relu(max) == max(relu)
           for (int64_t l = 0; l < nf; ++l) {
             const int64_t i = n * d.ys + (fb * FB + l) * plane + py * d.pw + px;
             y[i] = best[l];
