@@ -10,9 +10,8 @@ Input ``(B, K, 28, 28)`` (member k's image in channel k), output ``(B, K, 10)``.
 """
 import mxnet as mx
 from mxnet import gluon, nd
-from mxnet.gluon import nn
 
-from .models import lenet
+from .models import conv_stages, lenet
 
 _CONVS = (("0", 6, 5), ("2", 16, 3))          # LeNet child index, channels, kernel
 _DENSES = (("5", 120, 400), ("6", 84, 120), ("7", 10, 84))  # index, units, in_units
@@ -27,17 +26,7 @@ class EnsembleLeNet(gluon.HybridBlock):
         self.members = members
         k = members
         with self.name_scope():
-            if fused:
-                from .fused_conv import ConvReluPool, PooledAbove
-                self.conv1 = ConvReluPool(6 * k, 5, in_channels=k, groups=k, data_grad=False)
-                self.pool1 = PooledAbove()
-                self.conv2 = ConvReluPool(16 * k, 3, in_channels=6 * k, groups=k)
-                self.pool2 = PooledAbove()
-            else:
-                self.conv1 = nn.Conv2D(6 * k, 5, groups=k, in_channels=k, activation="relu")
-                self.pool1 = nn.MaxPool2D(pool_size=2, strides=2)
-                self.conv2 = nn.Conv2D(16 * k, 3, groups=k, in_channels=6 * k, activation="relu")
-                self.pool2 = nn.MaxPool2D(pool_size=2, strides=2)
+            self.conv1, self.pool1, self.conv2, self.pool2 = conv_stages(k, fused)
             for i, (_, units, in_units) in enumerate(_DENSES, 1):
                 setattr(self, f"fc{i}_weight", self.params.get(f"fc{i}_weight", shape=(k, units, in_units)))
                 setattr(self, f"fc{i}_bias", self.params.get(f"fc{i}_bias", shape=(k, 1, units),

@@ -28,20 +28,28 @@ def lenet(fused=False):
     process state would hand one layer's momentum to another."""
     net = nn.HybridSequential()
     with net.name_scope():
-        if fused:
-            from .fused_conv import ConvReluPool, PooledAbove
-            net.add(ConvReluPool(6, 5, in_channels=1, data_grad=False), PooledAbove(),
-                    ConvReluPool(16, 3, in_channels=6), PooledAbove())
-        else:
-            net.add(nn.Conv2D(channels=6, kernel_size=5, activation="relu"),
-                    nn.MaxPool2D(pool_size=2, strides=2),
-                    nn.Conv2D(channels=16, kernel_size=3, activation="relu"),
-                    nn.MaxPool2D(pool_size=2, strides=2))
+        net.add(*conv_stages(1, fused))
         net.add(nn.Flatten(),
                 nn.Dense(120, activation="relu"),
                 nn.Dense(84, activation="relu"),
                 nn.Dense(10))
     return net
+
+
+def conv_stages(members=1, fused=False):
+    """LeNet's two conv -> ReLU -> max-pool stages, for ``members`` LeNets side by side
+    (channel groups, as in an ensemble), as four blocks to make inside the caller's name
+    scope: Conv2D, MaxPool2D, Conv2D, MaxPool2D; with ``fused``, each conv + pool pair is
+    one ConvReluPool followed by a PooledAbove where the pool stood (same parameters)."""
+    k = members
+    if fused:
+        from .fused_conv import ConvReluPool, PooledAbove
+        return (ConvReluPool(6 * k, 5, in_channels=k, groups=k, data_grad=False), PooledAbove(),
+                ConvReluPool(16 * k, 3, in_channels=6 * k, groups=k), PooledAbove())
+    return (nn.Conv2D(6 * k, 5, groups=k, in_channels=k, activation="relu"),
+            nn.MaxPool2D(pool_size=2, strides=2),
+            nn.Conv2D(16 * k, 3, groups=k, in_channels=6 * k, activation="relu"),
+            nn.MaxPool2D(pool_size=2, strides=2))
 
 
 def model_names():
