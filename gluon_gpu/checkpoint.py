@@ -138,23 +138,15 @@ def _complete(root):
 def latest_checkpoint(run_dir):
     """``(directory, state)`` of the newest complete checkpoint, or ``(None, None)``.
 
-    The ``latest`` pointer is tried first; if it is missing or names an incomplete
-    directory (a kill between the rename and the pointer), the directories are scanned.
+    The directories decide, not the ``latest`` pointer: a kill between a checkpoint's
+    rename into place and the pointer's update leaves the pointer one checkpoint behind,
+    and resuming from it would redo work that is saved (seen in the kill -9 test).
     """
     root = os.path.join(run_dir, CHECKPOINTS)
-    try:
-        with open(os.path.join(root, LATEST)) as f:
-            name = f.read().strip()
-        state = _read_state(os.path.join(root, name))
-    except OSError:
-        state = None
-    if state is None or not name.startswith("step-"):
-        complete = _complete(root)
-        if not complete:
-            return None, None
-        name = complete[-1]
-        state = _read_state(os.path.join(root, name))
-    return os.path.join(root, name), state
+    complete = _complete(root)
+    if not complete:
+        return None, None
+    return os.path.join(root, complete[-1]), _read_state(os.path.join(root, complete[-1]))
 
 
 def load_checkpoint(directory, dp):

@@ -80,6 +80,19 @@ def test_checkpoint_holds_everything_to_resume(straight):
         assert f.read().strip() == "step-00000080"
 
 
+def test_a_pointer_left_behind_by_a_kill_does_not_hide_the_newest_checkpoint(straight, tmp_path):
+    """A kill between a checkpoint's rename and the ``latest`` update leaves the pointer
+    naming the previous one: resume must still take the newest complete directory."""
+    import shutil
+    out = str(tmp_path / "run")
+    shutil.copytree(straight, out)
+    older = sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("step-"))[-2]
+    with open(os.path.join(out, "checkpoints", "latest"), "w") as f:
+        f.write(older + "\n")
+    directory, state = latest_checkpoint(out)
+    assert os.path.basename(directory) == "step-00000080" and state["epoch"] == 4
+
+
 def test_keep_prunes_old_checkpoints(tmp_path):
     out = str(tmp_path / "run")
     assert train.main(SMALL + ["--epochs", "4", "--keep", "2", "--limit", "256", "--out", out]) == 0
