@@ -79,13 +79,18 @@ def time_ours(args, spec, bar, members=1, fused_conv=None):
     runs = []
     for _ in range(args.repeats):
         dp, train_pipe, val_pipe, _ = train.build(targs, ctx)
-        seconds, cpu_seconds = [], []
+        # Several devices: each epoch is followed by one of the same steps without the
+        # gradient exchange, so what the exchange costs is measured epoch by epoch.
+        alone = train.build(targs, ctx, exchange=False)[0] if len(ctx) > 1 and members == 1 else None
+        seconds, cpu_seconds, alone_seconds = [], [], []
         for epoch in range(args.epochs):
             cpu_start = time.process_time()
             seconds.append(train_epoch(dp, train_pipe, epoch)["seconds"])
             cpu_seconds.append(time.process_time() - cpu_start)
+            if alone is not None:
+                alone_seconds.append(train_epoch(alone, train_pipe, epoch)["seconds"])
             bar.update(1)
-        runs.append({"seconds": seconds, "cpu_seconds": cpu_seconds,
+        runs.append({"seconds": seconds, "cpu_seconds": cpu_seconds, "no_exchange_seconds": alone_seconds,
                      "val_acc": dp.evaluate(val_pipe.epoch(0))})
     return runs, {"devices": len(ctx), "samples": train_pipe.n, "fused_conv": is_fused(dp.net)}
 
@@ -112,6 +117,11 @@ def summarize(name, runs, samples, devices):
         timed = [(c, s) for r in runs for c, s in zip(r["cpu_seconds"][1:] or r["cpu_seconds"],
                                                        r["seconds"][1:] or r["seconds"])]
         row["cores_busy"] = statistics.median(c / s for c, s in timed)
+    if all(r.get("no_exchange_seconds") for r in runs):
+        pairs = [(s, a) for r in runs for s, a in zip(r["seconds"][1:] or r["seconds"],
+                                                      r["no_exchange_seconds"][1:] or r["no_exchange_seconds"])]
+        row["no_exchange_epoch_s"] = statistics.median(a for _, a in pairs)
+        row["exchange_share"] = statistics.median(1 - a / s for s, a in pairs)
     return row
 
 
@@ -189,19 +199,21 @@ def peak_rss_mib():
 
 def format_table(rows, tutorial):
     head = (f"{'devices':<16}{'first s':>9}{'median s':>10}{'samples/s':>11}{'speedup':>9}"
-            f"{'eff.':>7}{'cores busy':>12}{'vs tutorial':>13}{'val-acc':>9}")
+            f"{'eff.':>7}{'exchange':>10}{'cores busy':>12}{'vs tutorial':>13}{'val-acc':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         vs = f"{r['vs_tutorial']:.2f}x" if r.get("vs_tutorial") else "-"
         speed = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
         eff = f"{r['efficiency']:.0%}" if "efficiency" in r else "-"
         busy = f"{r['cores_busy']:.2f}" if "cores_busy" in r else "-"
+        exchange = f"{r['exchange_share']:.1%}" if "exchange_share" in r else "-"
         lines.append(f"{r['name']:<16}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
-                     f"{r['samples_per_s']:>11.0f}{speed:>9}{eff:>7}{busy:>12}{vs:>13}{r['val_acc']:>9.4f}")
+                     f"{r['samples_per_s']:>11.0f}{speed:>9}{eff:>7}{exchange:>10}{busy:>12}{vs:>13}"
+                     f"{r['val_acc']:>9.4f}")
     if tutorial:
         lines.append(f"{'tutorial (' + tutorial['name'] + ')':<16}"[:16] + f"{tutorial['first_epoch_s']:>9.2f}"
                      f"{tutorial['median_epoch_s']:>10.2f}{tutorial['samples_per_s']:>11.0f}{'':>9}{'':>7}"
-                     f"{'-':>12}{'1.00x':>13}{tutorial['val_acc']:>9.4f}")
+                     f"{'-':>10}{'-':>12}{'1.00x':>13}{tutorial['val_acc']:>9.4f}")
     return "\n".join(lines)
 
 
@@ -214,10 +226,15 @@ def plot(rows, tutorial, path):
     ax_speed.bar_label(bars, fmt="%.0f")
     ax_speed.set_ylabel("samples/s (median epoch)")
     ax_speed.set_title("throughput")
-    for mode in dict.fromkeys(r["fused_conv_mode"] for r in rows):
+    for number, mode in enumerate(dict.fromkeys(r["fused_conv_mode"] for r in rows)):
         same = [r for r in rows if r["fused_conv_mode"] == mode]
         ax_eff.plot([r["devices"] for r in same], [r["efficiency"] for r in same], marker="o",
-                    label=f"--fused-conv {mode}")
+                    color=f"C{number}", label=f"--fused-conv {mode}")
+        alone = [(r["devices"], r["efficiency"] * r["median_epoch_s"] / r["no_exchange_epoch_s"])
+                 for r in same if "no_exchange_epoch_s" in r]
+        if alone:
+            ax_eff.plot(*zip(*alone), marker="x", linestyle="none", color=f"C{number}",
+                        label=f"--fused-conv {mode}, no gradient exchange")
     ax_eff.legend()
     ax_eff.axhline(1.0, color="grey", linestyle=":")
     ax_eff.set_xlabel("devices")
@@ -373,6 +390,9 @@ def main(argv=None):
     rss, child_rss = peak_rss_mib()
     threads = thread_settings()
     print(format_table(rows, tutorial))
+    if any("exchange_share" in r for r in rows):
+        print("exchange: the share of the epoch the gradient exchange costs (the data-parallel overhead): "
+              "each epoch alternated with the same steps minus the exchange, median of the pairs")
     print(f"threads: {threads['omp_threads']} OpenMP per operator, {threads['engine_threads']} engine "
           f"worker(s) per CPU context, {threads['cpu_temp_copy']} CPU scratch buffers")
     print(f"compute floor: {flops / 1e9:.1f} GFLOP per epoch / "

@@ -9,6 +9,7 @@ import time
 import mxnet as mx
 
 from . import __version__
+from .buckets import DEFAULT_BUCKET_BYTES
 from .callbacks import CurvesPlot, EpochPrinter, MetricsFile
 from .checkpoint import (ParamSnapshot, latest_checkpoint, load_checkpoint, save_checkpoint,
                          save_parameters)
@@ -27,8 +28,9 @@ LR_MODES = ("constant", "step", "cosine", "poly", "linear")
 EPOCH_SHAPED_LR = ("cosine", "poly", "linear")  # laid out over --epochs
 # Flags that may differ from the saved configuration when resuming a run.
 RESUME_MAY_CHANGE = {"epochs", "devices", "data_dir", "num_workers", "omp_threads", "engine_threads",
-                     "fused_conv", "quiet", "log_interval", "save_period", "keep", "resume", "dry_run"}
+                     "fused_conv", "bucket_mb", "quiet", "log_interval", "save_period", "keep", "resume", "dry_run"}
 NOT_CONFIG = {"resume", "dry_run"}
+DEFAULT_MB = DEFAULT_BUCKET_BYTES / 2**20  # also for runs saved before --bucket-mb existed
 
 
 def build_parser():
@@ -52,6 +54,9 @@ def build_parser():
     p.add_argument("--kvstore", default=None, choices=KVSTORES,
                    help="gradient aggregation (default: device on GPUs, local on CPUs)")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="float16: GPUs only")
+    p.add_argument("--bucket-mb", type=non_negative_float, default=DEFAULT_MB,
+                   help="several devices: gradients exchanged in contiguous buckets of up to this "
+                        "many MiB, one kvstore key each; 0: one key per parameter")
     p.add_argument("--ensemble", type=positive_int, default=1, metavar="K",
                    help="train K LeNets fused in one network; member k uses seed + k")
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N training samples")
@@ -127,7 +132,12 @@ def optimizer_params(args, iters_per_epoch):
             raise UserError(f"--lr-mode {args.lr_mode} needs at least 2 updates (epochs x batches)")
         from gluoncv.utils import LRScheduler
         steps = _epochs_list(args.lr_decay_epoch) if args.lr_mode == "step" else None
-        params["lr_scheduler"] = LRScheduler(args.lr_mode, base_lr=args.lr, nepochs=args.epochs,
+        # gluoncv clamps the update count to its last iteration, niters - 1, but MXNet
+        # counts updates from 1: the last step of a run ending at a decay epoch missed the
+        # decay, unlike the same step of a longer run (a resume with more --epochs).
+        # A step schedule is shaped by its decay epochs alone: lay it out past them.
+        nepochs = max([args.epochs] + steps) + 1 if steps else args.epochs
+        params["lr_scheduler"] = LRScheduler(args.lr_mode, base_lr=args.lr, nepochs=nepochs,
                                              iters_per_epoch=iters_per_epoch, step_epoch=steps,
                                              step_factor=args.lr_decay)
     return params
@@ -143,11 +153,12 @@ def _epochs_list(text):
     return epochs
 
 
-def build(args, ctx):
+def build(args, ctx, exchange=True):
     """Data, network and DataParallel for ``args`` on ``ctx``: shared by train and bench.
 
     With a distributed kvstore each worker trains on its shard of every global batch
-    (``--batch-size`` is per worker; the global batch is that times the workers)."""
+    (``--batch-size`` is per worker; the global batch is that times the workers).
+    ``exchange=False``: the benchmark's baseline without the gradient exchange."""
     check_batch(args.batch_size, ctx)
     check_options(ctx, args.kvstore, args.dtype)
     if args.seed + args.ensemble - 1 > MAX_SEED:
@@ -165,8 +176,20 @@ def build(args, ctx):
     dp = DataParallel(net, ctx, args.optimizer, optimizer_params(args, len(train)),
                       kvstore=store or args.kvstore, hybridize=args.hybridize,
                       normalize_in_graph=train.normalize_in_graph, dtype=args.dtype,
-                      batch_size=args.batch_size)
+                      batch_size=args.batch_size, bucket_bytes=int(bucket_mb(args) * 2**20),
+                      exchange=exchange)
     return dp, train, val, data_dir
+
+
+def bucket_mb(args):
+    return getattr(args, "bucket_mb", DEFAULT_MB)  # runs saved before --bucket-mb existed
+
+
+def buckets_plan(dp, args):
+    """', 1 bucket' part of the plan line: how the gradients are exchanged."""
+    if len(dp.ctx) == 1 and dp.num_workers == 1:
+        return ""
+    return f", gradient buckets <= {bucket_mb(args):g} MiB" if dp.bucketing else ", a key per parameter"
 
 
 class Checkpointer:
@@ -228,7 +251,7 @@ def main(argv=None):
             what += " (fused conv+relu+pool)" if is_fused(dp.net) else ""
             workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
             print(f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers}{cpu_threads(ctx)} | "
-                  f"kvstore {args.kvstore or default_kvstore(ctx)} | batch {args.batch_size} "
+                  f"kvstore {args.kvstore or default_kvstore(ctx)}{buckets_plan(dp, args)} | batch {args.batch_size} "
                   f"({args.batch_size // len(ctx)}+ per device) | {train.n} samples "
                   f"from {data_dir} | out {out}", flush=True)
         if args.dry_run:

@@ -25,6 +25,13 @@ def test_bench_runs_end_to_end_and_writes_json_and_png(tmp_path, capsys):
         assert r["vs_tutorial"] == pytest.approx(report["tutorial"]["median_epoch_s"] / r["median_epoch_s"])
     assert report["results"][0]["speedup"] == 1.0
     assert report["results"][1]["devices"] == 2
+    # several devices: the paired no-exchange epochs, and the exchange's share of the epoch
+    single, multi = report["results"]
+    assert "exchange_share" not in single and single["runs"][0]["no_exchange_seconds"] == []
+    pairs = list(zip(multi["runs"][0]["seconds"][1:], multi["runs"][0]["no_exchange_seconds"][1:]))
+    assert len(pairs) == 1 and multi["exchange_share"] == pytest.approx(1 - pairs[0][1] / pairs[0][0])
+    assert multi["no_exchange_epoch_s"] == pairs[0][1] > 0
+    assert "exchange: the share of the epoch" in printed
     assert report["machine"]["mxnet"] == mx.__version__ and report["machine"]["cores"] >= 1
     assert report["peak_rss_mib"] > 0
     assert all(r["cores_busy"] > 0 and 0 < r["of_floor"] for r in report["results"])

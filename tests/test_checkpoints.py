@@ -56,6 +56,18 @@ def test_stop_and_resume_equals_straight_training(straight, tmp_path):
     assert m["status"] == "finished" and m["config"]["epochs"] == 4
 
 
+def test_resume_with_other_gradient_buckets_equals_straight_training(tmp_path):
+    """Checkpoints hold per-parameter optimizer states whatever the gradient exchange:
+    cpu*2 with buckets resumed with one key per parameter and then with tiny buckets."""
+    two = SMALL[SMALL.index("--devices") + 2:] + ["--devices", "cpu*2"]
+    straight_two, out = str(tmp_path / "straight"), str(tmp_path / "run")
+    assert train.main(two + ["--epochs", "4", "--out", straight_two]) == 0
+    assert train.main(two + ["--epochs", "2", "--out", out]) == 0
+    assert train.main(["--resume", out, "--epochs", "3", "--bucket-mb", "0", "--quiet"]) == 0
+    assert train.main(["--resume", out, "--epochs", "4", "--bucket-mb", "0.01", "--quiet"]) == 0
+    assert_same_run(straight_two, out)
+
+
 def test_trainer_state_order_does_not_depend_on_layers_made_before():
     """gluon.Trainer numbers parameters by sorted name and save_states stores optimizer
     state by number; names must sort the same in every process (conv9 vs conv10 do not)."""
