@@ -25,7 +25,7 @@ from tqdm import tqdm
 from . import __version__, tutorial_loop
 from .callbacks import save_figure, subplots
 from .checkpoint import write_json
-from .cli import add_model_flag, main_guard, non_negative_int, parse_args, parser, positive_int, progress_enabled
+from .cli import add_bucket_flag, add_model_flag, main_guard, non_negative_int, parse_args, parser, positive_int, progress_enabled
 from .data import PIPELINES, find_data_dir, load_split
 from .devices import cpu_contexts, gpu_count, parse_devices, thread_settings
 from .errors import UserError
@@ -38,6 +38,7 @@ from . import train
 def build_parser():
     p = parser("gluon_gpu.bench", __doc__, compare=True)
     add_model_flag(p)
+    add_bucket_flag(p)
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs per run (the first is reported apart)")
     p.add_argument("--repeats", type=positive_int, default=1, help="runs per spec; medians pool them")
     p.add_argument("--baseline", choices=("tutorial", "none"), default="tutorial")
@@ -73,7 +74,8 @@ def time_ours(args, spec, bar, members=1, fused_conv=None):
     targs = train.build_parser().parse_args(
         ["--devices", spec, "--batch-size", str(args.batch_size), "--model", args.model,
          "--pipeline", args.pipeline, "--num-workers", str(args.num_workers), "--quiet",
-         "--ensemble", str(members), "--fused-conv", fused_conv or args.fused_conv[0]]
+         "--ensemble", str(members), "--fused-conv", fused_conv or args.fused_conv[0],
+         "--bucket-mb", str(args.bucket_mb)]
         + (["--limit", str(args.limit)] if args.limit else [])
         + (["--data-dir", args.data_dir] if args.data_dir else []))
     runs = []

@@ -104,6 +104,13 @@ def add_model_flag(p, default="lenet"):
                    help="network: the tutorial LeNet or a gluoncv CIFAR-style zoo model")
 
 
+def add_bucket_flag(p):
+    from .buckets import DEFAULT_BUCKET_BYTES
+    p.add_argument("--bucket-mb", type=non_negative_float, default=DEFAULT_BUCKET_BYTES / 2**20,
+                   help="several devices: gradients exchanged in contiguous buckets of up to this "
+                        "many MiB, one kvstore key each; 0: one key per parameter")
+
+
 def check_batch(batch_size, ctx):
     if batch_size < len(ctx):
         raise UserError(f"--batch-size {batch_size} is smaller than the {len(ctx)} devices: "

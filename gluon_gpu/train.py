@@ -13,7 +13,7 @@ from .buckets import DEFAULT_BUCKET_BYTES
 from .callbacks import CurvesPlot, EpochPrinter, MetricsFile
 from .checkpoint import (ParamSnapshot, latest_checkpoint, load_checkpoint, save_checkpoint,
                          save_parameters)
-from .cli import (MAX_SEED, add_model_flag, check_batch, main_guard, non_negative_float,
+from .cli import (MAX_SEED, add_bucket_flag, add_model_flag, check_batch, main_guard, non_negative_float,
                   non_negative_int, parse_args, parser, positive_float, positive_int, progress_enabled, seed)
 from .data import PIPELINES, find_data_dir, load_split, make_pipeline
 from .devices import describe, devices, thread_settings
@@ -30,7 +30,6 @@ EPOCH_SHAPED_LR = ("cosine", "poly", "linear")  # laid out over --epochs
 RESUME_MAY_CHANGE = {"epochs", "devices", "data_dir", "num_workers", "omp_threads", "engine_threads",
                      "fused_conv", "bucket_mb", "quiet", "log_interval", "save_period", "keep", "resume", "dry_run"}
 NOT_CONFIG = {"resume", "dry_run"}
-DEFAULT_MB = DEFAULT_BUCKET_BYTES / 2**20  # also for runs saved before --bucket-mb existed
 
 
 def build_parser():
@@ -54,9 +53,7 @@ def build_parser():
     p.add_argument("--kvstore", default=None, choices=KVSTORES,
                    help="gradient aggregation (default: device on GPUs, local on CPUs)")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="float16: GPUs only")
-    p.add_argument("--bucket-mb", type=non_negative_float, default=DEFAULT_MB,
-                   help="several devices: gradients exchanged in contiguous buckets of up to this "
-                        "many MiB, one kvstore key each; 0: one key per parameter")
+    add_bucket_flag(p)
     p.add_argument("--ensemble", type=positive_int, default=1, metavar="K",
                    help="train K LeNets fused in one network; member k uses seed + k")
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N training samples")
@@ -182,7 +179,7 @@ def build(args, ctx, exchange=True):
 
 
 def bucket_mb(args):
-    return getattr(args, "bucket_mb", DEFAULT_MB)  # runs saved before --bucket-mb existed
+    return getattr(args, "bucket_mb", DEFAULT_BUCKET_BYTES / 2**20)  # runs saved before --bucket-mb
 
 
 def buckets_plan(dp, args):
