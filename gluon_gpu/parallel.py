@@ -336,14 +336,16 @@ class DataParallel:
     def _zero_grads(self, idle_ctx):
         """Devices that got no samples this step must contribute zero, not stale, grads,
         and the Trainer, which updates every device, must take those zeros as this step's."""
+        trained = [p for p in self.net.collect_params().values() if p.grad_req != "null"]
         if self.buckets is not None:
             self.buckets.zero(idle_ctx)
-        for param in self.net.collect_params().values():
-            if param.grad_req != "null":
+        else:
+            for param in trained:
                 for c in idle_ctx:
-                    if self.buckets is None:
-                        param.grad(c)[:] = 0
-                    param.data(c)._fresh_grad = True  # pylint: disable=protected-access
+                    param.grad(c)[:] = 0
+        for param in trained:
+            for c in idle_ctx:
+                param.data(c)._fresh_grad = True  # pylint: disable=protected-access
 
 
 def _is_initialized(net):
