@@ -50,6 +50,15 @@ class Buckets:
         for key, per_device in enumerate(self.buffers):
             kvstore.init(key, nd.zeros_like(per_device[0]))
 
+    def __del__(self):
+        """MXNet's CPU kvstore frees its reducer with the object, and a reduce still
+        queued in the engine then reads freed memory (seen here: a SIGFPE in
+        ``CommCPU::ReduceSumCPU`` after a DataParallel was dropped mid-flight). The last
+        operators of an exchange write the buffers: wait for them before the kvstore goes."""
+        for per_device in getattr(self, "buffers", ()):
+            for buffer in per_device:
+                buffer.wait_to_read()
+
     def _place(self, group):
         """One buffer per device for ``group``; its members' gradients become views."""
         size = sum(int(np.prod(p.shape)) for p in group)
