@@ -29,6 +29,7 @@ from mxnet import autograd, nd
 from .errors import UserError
 
 DEFAULT_BUCKET_BYTES = 4 << 20
+DEFAULT_BUCKET_MB = DEFAULT_BUCKET_BYTES / 2**20  # --bucket-mb
 
 
 def bucketable(params):

@@ -105,8 +105,8 @@ def add_model_flag(p, default="lenet"):
 
 
 def add_bucket_flag(p):
-    from .buckets import DEFAULT_BUCKET_BYTES
-    p.add_argument("--bucket-mb", type=non_negative_float, default=DEFAULT_BUCKET_BYTES / 2**20,
+    from .buckets import DEFAULT_BUCKET_MB
+    p.add_argument("--bucket-mb", type=non_negative_float, default=DEFAULT_BUCKET_MB,
                    help="several devices: gradients exchanged in contiguous buckets of up to this "
                         "many MiB, one kvstore key each; 0: one key per parameter")
 

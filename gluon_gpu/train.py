@@ -9,7 +9,7 @@ import time
 import mxnet as mx
 
 from . import __version__
-from .buckets import DEFAULT_BUCKET_BYTES
+from .buckets import DEFAULT_BUCKET_MB
 from .callbacks import CurvesPlot, EpochPrinter, MetricsFile
 from .checkpoint import (ParamSnapshot, latest_checkpoint, load_checkpoint, save_checkpoint,
                          save_parameters)
@@ -179,7 +179,7 @@ def build(args, ctx, exchange=True):
 
 
 def bucket_mb(args):
-    return getattr(args, "bucket_mb", DEFAULT_BUCKET_BYTES / 2**20)  # runs saved before --bucket-mb
+    return getattr(args, "bucket_mb", DEFAULT_BUCKET_MB)  # runs saved before --bucket-mb
 
 
 def buckets_plan(dp, args):
