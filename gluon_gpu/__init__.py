@@ -1,9 +1,17 @@
-"""gluon_gpu: multi-device data-parallel training on Apache MXNet Gluon."""
-__version__ = "0.1.0"
+"""gluon_gpu: multi-device data-parallel training on Apache MXNet Gluon.
 
-from .devices import devices, parse_devices  # noqa: E402
-from .errors import UserError  # noqa: E402
+Layers (each imports only those before it): ``core`` (devices, the data-parallel step,
+task heads, both MXNet APIs, checkpoints, the loop), ``data`` (datasets, pipelines) and
+``models`` (LeNet, the zoo, ensembles, the fused operator, loading), then ``programs``
+(train, evaluate, predict, bench, launch).
+"""
+__version__ = "0.2.0"
+
+from .core.devices import devices, parse_devices  # noqa: E402
+from .core.errors import UserError  # noqa: E402
+from .core.heads import Classification, Head, Regression  # noqa: E402
+from .core.parallel import DataParallel  # noqa: E402
 from .models import get_model, load_model  # noqa: E402
-from .parallel import DataParallel  # noqa: E402
 
-__all__ = ["devices", "parse_devices", "DataParallel", "get_model", "load_model", "UserError"]
+__all__ = ["devices", "parse_devices", "DataParallel", "Head", "Classification", "Regression",
+           "get_model", "load_model", "UserError"]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import mxnet as mx
 
-from gluon_gpu.data import find_data_dir, load_split
+from gluon_gpu.data.fashion_mnist import fashion_spec, find_data_dir, load_split
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +16,14 @@ def data_dir():
 
 @pytest.fixture(scope="session")
 def train_slice(data_dir):
-    return load_split("train", data_dir, limit=2048)
+    """2048 training images as the data layer stores them, (N, 1, 28, 28) uint8, and labels."""
+    x, y = load_split("train", data_dir, limit=2048)
+    return x[:, None], y
+
+
+def fashion_transform(members=1):
+    """FashionMNIST's in-graph normalization (uint8 -> the tutorial's normalized float)."""
+    return fashion_spec().transform(members)
 
 
 def read_metrics(out):

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from PIL import Image
 
-from gluon_gpu import evaluate, predict, train
-from gluon_gpu.data import DEBIAN_DIR, FILES
+from gluon_gpu.programs import evaluate, predict, train
+from gluon_gpu.data.fashion_mnist import DEBIAN_DIR, FILES
 from gluon_gpu.models import get_model, INPUT_SHAPE
 
 TEST_IMAGES = os.path.join(DEBIAN_DIR, "t10k-images-idx3-ubyte.gz")
@@ -155,7 +155,7 @@ def test_prediction_works_and_json_is_machine_readable(run_dir, tmp_path, capsys
 def test_idx_prediction_matches_validation_accuracy(run_dir, capsys):
     """Predicting the whole test set gives the accuracy training measured: the CLI's
     preprocessing is exactly training's."""
-    from gluon_gpu.data import CLASSES, load_split
+    from gluon_gpu.data.fashion_mnist import CLASSES, load_split
     from conftest import read_metrics
     assert predict.main(["--params", os.path.join(run_dir, "net.params"), "--idx", TEST_IMAGES,
                          "--index", ":", "--devices", "cpu*2"]) == 0

@@ -6,7 +6,7 @@ import os
 import mxnet as mx
 import pytest
 
-from gluon_gpu import bench
+from gluon_gpu.programs import bench
 
 
 def test_bench_runs_end_to_end_and_writes_json_and_png(tmp_path, capsys):

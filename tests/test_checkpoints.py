@@ -10,8 +10,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_gpu import train
-from gluon_gpu.checkpoint import latest_checkpoint
+from gluon_gpu.programs import train
+from gluon_gpu.core.checkpoint import latest_checkpoint
 
 from conftest import read_metrics
 
@@ -71,7 +71,7 @@ def test_resume_with_other_gradient_buckets_equals_straight_training(tmp_path):
 def test_trainer_state_order_does_not_depend_on_layers_made_before():
     """gluon.Trainer numbers parameters by sorted name and save_states stores optimizer
     state by number; names must sort the same in every process (conv9 vs conv10 do not)."""
-    from gluon_gpu.models import lenet
+    from gluon_gpu.models.lenet import lenet
 
     def trainer_order(net):
         structural = {id(p): name for name, p in net._collect_params_with_prefix().items()}

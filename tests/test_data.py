@@ -5,8 +5,11 @@ import struct
 import numpy as np
 import pytest
 
-from gluon_gpu import data
-from gluon_gpu.errors import DataError
+from gluon_gpu.data import fashion_mnist as data
+from gluon_gpu.data import pipelines
+
+from conftest import fashion_transform
+from gluon_gpu.core.errors import DataError
 
 
 def write_idx(path, array, magic=None, count=None):
@@ -125,41 +128,50 @@ def test_explicit_data_dir_must_hold_the_files(tmp_path):
 
 
 def test_epoch_order_is_seeded_and_changes_per_epoch():
-    a, b = data.epoch_order(100, 3, 0), data.epoch_order(100, 3, 0)
+    a, b = pipelines.epoch_order(100, 3, 0), pipelines.epoch_order(100, 3, 0)
     assert (a == b).all() and sorted(a) == list(range(100))
-    assert (a != data.epoch_order(100, 3, 1)).any()
-    assert (a != data.epoch_order(100, 4, 0)).any()
-    assert (data.epoch_order(5, 3, 0, shuffle=False) == np.arange(5)).all()
+    assert (a != pipelines.epoch_order(100, 3, 1)).any()
+    assert (a != pipelines.epoch_order(100, 4, 0)).any()
+    assert (pipelines.epoch_order(5, 3, 0, shuffle=False) == np.arange(5)).all()
 
 
 @pytest.mark.parametrize("n_ctx", [1, 2])
 def test_device_and_loader_pipelines_agree(train_slice, n_ctx):
-    """Same samples, same order, same normalized values for the same seed."""
+    """Same samples, same order, same values for the same seed."""
     import mxnet as mx
     x, y = train_slice[0][:600], train_slice[1][:600]
     ctx = [mx.cpu(i) for i in range(n_ctx)]
-    dev = data.DevicePipeline(x, y, 256, ctx, seed=7)
-    loader = data.LoaderPipeline(x, y, 256, ctx, seed=7, num_workers=0)
+    dev = pipelines.make_pipeline("device", x, y, 256, ctx, seed=7)
+    loader = pipelines.make_pipeline("loader", x, y, 256, ctx, seed=7, num_workers=0)
     assert len(dev) == len(loader) == 3
-    norm = data.Normalize()
     for epoch in (0, 1):
         dev_batches, loader_batches = list(dev.epoch(epoch)), list(loader.epoch(epoch))
         assert len(dev_batches) == len(loader_batches) == 3
         for (dx, dy), (lx, ly) in zip(dev_batches, loader_batches):
-            got_x = np.concatenate([norm(s).asnumpy() for s in dx])
+            got_x = np.concatenate([s.asnumpy() for s in dx])
             got_y = np.concatenate([s.asnumpy() for s in dy])
-            assert got_x.shape == lx.shape
-            np.testing.assert_allclose(got_x, lx.asnumpy(), rtol=0, atol=1e-6)
+            np.testing.assert_array_equal(got_x, lx.asnumpy())
             np.testing.assert_array_equal(got_y, ly.asnumpy())
     first = np.concatenate([s.asnumpy() for s in list(dev.epoch(0))[0][1]])
     second = np.concatenate([s.asnumpy() for s in list(dev.epoch(1))[0][1]])
     assert (first != second).any(), "a new epoch must reshuffle"
 
 
+def test_in_graph_normalization_is_the_tutorials(train_slice):
+    """The in-graph transform gives the tutorial's ToTensor() then Normalize(0.13, 0.31)."""
+    from mxnet import nd
+    from mxnet.gluon.data.vision import transforms
+    x = train_slice[0][:16]
+    tutorial = transforms.Compose([transforms.ToTensor(), transforms.Normalize(0.13, 0.31)])
+    expected = np.stack([tutorial(nd.array(img.transpose(1, 2, 0), dtype="uint8")).asnumpy() for img in x])
+    got = fashion_transform()(nd.array(x, dtype="uint8")).asnumpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
 def test_device_pipeline_shards_live_on_their_devices(train_slice):
     import mxnet as mx
     ctx = [mx.cpu(0), mx.cpu(1)]
-    pipe = data.DevicePipeline(train_slice[0][:300], train_slice[1][:300], 256, ctx)
+    pipe = pipelines.DevicePipeline(train_slice[0][:300], train_slice[1][:300], 256, ctx)
     shapes = [[s.shape[0] for s in xs] for xs, _ in pipe.epoch(0)]
     assert shapes == [[128, 128], [22, 22]]
     xs, _ = next(pipe.epoch(0))

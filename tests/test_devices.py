@@ -7,7 +7,7 @@ import mxnet as mx
 import pytest
 
 import gluon_gpu
-from gluon_gpu.errors import DeviceError, UserError
+from gluon_gpu.core.errors import DeviceError, UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,7 +98,7 @@ def test_thread_flags_in_process_are_refused_unless_already_in_effect(monkeypatc
 
 
 def test_train_in_process_with_other_threads_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
-    from gluon_gpu import train
+    from gluon_gpu.programs import train
     monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
     assert train.main(["--engine-threads", "3", "--dry-run", "--out", str(tmp_path / "r")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [

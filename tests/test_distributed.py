@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_gpu import launch, train
+from gluon_gpu.programs import launch, train
 
 from conftest import read_metrics
 

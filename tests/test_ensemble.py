@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from mxnet import nd
 
-from gluon_gpu import DataParallel, evaluate, load_model, predict, train
+from gluon_gpu import DataParallel, load_model
+from gluon_gpu.programs import evaluate, predict, train
 from gluon_gpu.data import DevicePipeline
-from gluon_gpu.ensemble import EnsembleLeNet, combine_members, extract_member
-from gluon_gpu.fused_conv import is_fused
+from gluon_gpu.models.ensemble import EnsembleLeNet, combine_members, extract_member
+from gluon_gpu.models.fused_conv import is_fused
 from gluon_gpu.models import init_model
 
 from conftest import param_arrays, read_metrics
@@ -130,7 +131,7 @@ def test_evaluate_and_predict_understand_ensemble_runs(ensemble_run, tmp_path, c
     alone.write_bytes(open(params, "rb").read())
     assert evaluate.main(["--params", str(alone)]) == 2
     assert "cannot load" in capsys.readouterr().err
-    from gluon_gpu.errors import ParamsError
+    from gluon_gpu.core.errors import ParamsError
     with pytest.raises(ParamsError, match="ensemble of 2"):
         load_model(params, members=2)
 

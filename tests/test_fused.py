@@ -8,12 +8,13 @@ import mxnet as mx
 import pytest
 from mxnet import autograd, nd
 
-from gluon_gpu import fused_conv, train
+from gluon_gpu.models import fused_conv
+from gluon_gpu.programs import train
 from gluon_gpu.data import DevicePipeline
-from gluon_gpu.errors import UserError
+from gluon_gpu.core.errors import UserError
 from gluon_gpu.models import init_model, load_model
-from gluon_gpu.parallel import DataParallel
-from gluon_gpu.checkpoint import save_parameters
+from gluon_gpu.core.parallel import DataParallel
+from gluon_gpu.core.params import save_parameters
 from conftest import param_arrays, read_metrics
 
 

@@ -1,35 +1,49 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet import nd
+from mxnet import nd, npx
 
 from gluon_gpu import DataParallel, get_model
-from gluon_gpu.data import DevicePipeline, LoaderPipeline
-from gluon_gpu.errors import UserError
-from gluon_gpu.models import INPUT_SHAPE, init_model
-from gluon_gpu.parallel import check_options
+from gluon_gpu.core.modes import forward_zeros, semantics
+from gluon_gpu.data import DevicePipeline
+from gluon_gpu.core.errors import UserError
+from gluon_gpu.models import init_model
+from gluon_gpu.core.kvstores import check_options
 
-from conftest import param_arrays
+from conftest import fashion_transform, param_arrays
+
+
+@pytest.fixture(params=["legacy", "numpy"])
+def api(request):
+    """The MXNet API the user's program runs in: legacy, or numpy after npx.set_np()."""
+    if request.param == "numpy":
+        npx.set_np()
+    yield request.param
+    npx.reset_np()
 
 
 def make_dp(ctx, seed=0, fused=False, **kw):
+    """A LeNet DataParallel, in whichever API is on (a numpy-mode net when set_np is)."""
     if fused:  # the fused LeNet, seeded as every gluon_gpu run seeds it
         net = init_model("lenet", seed, ctx, fused_conv="on")
     else:
         mx.random.seed(seed)
         net = get_model("lenet")
         net.initialize(mx.init.Xavier(), ctx=ctx)
-        net(nd.zeros(INPUT_SHAPE, ctx=ctx[0]))
+        forward_zeros(net, (1, 28, 28), ctx[0])
     kw.setdefault("optimizer_params", {"learning_rate": 0.1})
     return DataParallel(net, ctx, **kw)
 
 
 def host_batches(train_slice, sizes):
-    """Tutorial-normalized float batches of the given sizes, in file order."""
+    """Tutorial-normalized float batches of the given sizes, in file order, as arrays of
+    the API in force (numpy arrays after npx.set_np())."""
     x, y = train_slice[0][:sum(sizes)], train_slice[1][:sum(sizes)]
-    norm_x = np.concatenate([b.asnumpy() for b, _ in LoaderPipeline(x, y, 512, shuffle=False).epoch(0)])
+    with semantics(False):
+        norm_x = fashion_transform()(nd.array(x, dtype="uint8")).asnumpy()
     starts = np.cumsum([0] + sizes)
-    return [(nd.array(norm_x[a:b]), nd.array(y[a:b])) for a, b in zip(starts[:-1], starts[1:])]
+    api = mx.np.array if mx.util.is_np_array() else nd.array
+    return [(api(norm_x[a:b]), api(y[a:b])) for a, b in zip(starts[:-1], starts[1:])]
 
 
 def run(dp, batches):
@@ -48,7 +62,7 @@ def assert_same_params(a, b, atol=1e-5):
     ("sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}),
     ("adam", {"learning_rate": 0.001}),
 ])
-def test_two_devices_match_one_device(train_slice, optimizer, params):
+def test_two_devices_match_one_device(train_slice, optimizer, params, api):
     batches = host_batches(train_slice, [256, 256, 256])
     one = make_dp([mx.cpu(0)], optimizer=optimizer, optimizer_params=params)
     two = make_dp([mx.cpu(0), mx.cpu(1)], optimizer=optimizer, optimizer_params=params)
@@ -64,7 +78,7 @@ def test_two_devices_match_one_device(train_slice, optimizer, params):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["standard", "fused"])
 @pytest.mark.parametrize("sizes", [[5], [1], [3, 1, 7]])
-def test_uneven_and_tiny_batches_over_two_devices(train_slice, sizes, fused):
+def test_uneven_and_tiny_batches_over_two_devices(train_slice, sizes, fused, api):
     """A batch that does not divide evenly, or is smaller than the device count,
     gives the same update as on one device (idle devices add zero, not stale, gradients)."""
     batches = host_batches(train_slice, [256] + sizes)
@@ -111,11 +125,11 @@ def test_device_pipeline_step_matches_host_batches(train_slice):
     """uint8 shards normalized in the graph train exactly like tutorial-normalized floats."""
     x, y = train_slice[0][:600], train_slice[1][:600]
     ctx = [mx.cpu(0), mx.cpu(1)]
-    dev_dp = make_dp(ctx, normalize_in_graph=True)
+    dev_dp = make_dp(ctx, transform=fashion_transform())
     for xs, ys in DevicePipeline(x, y, 256, ctx, shuffle=False).epoch(0):
         dev_dp.step(xs, ys)
     host_dp = make_dp(ctx)
-    for xb, yb in LoaderPipeline(x, y, 256, shuffle=False).epoch(0):
+    for xb, yb in host_batches(train_slice, [256, 256, 88]):
         host_dp.step(xb, yb)
     assert_same_params(param_arrays(dev_dp.net), param_arrays(host_dp.net))
     assert dev_dp.read_metrics()["samples"] == 600
@@ -128,15 +142,23 @@ def test_metrics_accumulate_on_device_until_read(train_slice):
     m = dp.read_metrics()
     assert m["samples"] == 256
     assert m["loss"] == pytest.approx((losses[0] * 200 + losses[1] * 56) / 256, rel=1e-5)
-    assert 0 <= m["accuracy"] <= 1
+    assert 0 <= m["acc"] <= 1 and m["acc"] <= m["top5"] <= 1
     assert dp.read_metrics()["samples"] == 0
 
 
-def test_evaluate_matches_numpy_argmax(train_slice):
+def test_evaluate_matches_numpy(train_slice, api):
+    """Accuracy, top-5 and loss over two devices equal numpy's on the whole batch."""
     dp = make_dp([mx.cpu(0), mx.cpu(1)])
     (x, y), = host_batches(train_slice, [300])
-    expected = float((dp.net(x).asnumpy().argmax(1) == y.asnumpy()).mean())
-    assert dp.evaluate([(x, y)]) == pytest.approx(expected)
+    logits, labels = dp.net(x).asnumpy(), y.asnumpy().astype(int)
+    got = dp.evaluate([(x, y)])
+    assert got["acc"] == pytest.approx(float((logits.argmax(1) == labels).mean()))
+    top5 = np.argsort(-logits, axis=1)[:, :5]
+    assert got["top5"] == pytest.approx(float((top5 == labels[:, None]).any(1).mean()))
+    shifted = logits - logits.max(1, keepdims=True)
+    nll = np.log(np.exp(shifted).sum(1)) - shifted[np.arange(len(labels)), labels]
+    assert got["loss"] == pytest.approx(float(nll.mean()), rel=1e-5)
+    assert got["samples"] == 300
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -165,11 +187,11 @@ def test_float16_accepted_for_gpu_contexts():
 
 
 def test_a_loop_that_never_reads_holds_a_bounded_number_of_steps(train_slice, monkeypatch):
-    import gluon_gpu.parallel as parallel
-    monkeypatch.setattr(parallel, "MAX_PENDING", 3)
+    import gluon_gpu.core.metrics as metrics
+    monkeypatch.setattr(metrics, "MAX_PENDING", 3)
     dp = make_dp([mx.cpu(0)])
     batches = host_batches(train_slice, [32] * 7)
     losses = [float(dp.step(x, y).asscalar()) for x, y in batches]
-    assert len(dp._pending) < 3
+    assert len(dp.sums._pending) < 3
     m = dp.read_metrics()
     assert m["samples"] == 7 * 32 and m["loss"] == pytest.approx(np.mean(losses), rel=1e-5)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from mxnet import nd
 
-from gluon_gpu import evaluate, load_model, train
+from gluon_gpu import load_model
+from gluon_gpu.programs import evaluate, train
 from gluon_gpu.data import load_split, tutorial_transform
 
 from conftest import read_metrics

@@ -27,6 +27,7 @@ import numpy as np
 from mxnet import autograd, nd
 
 from .errors import UserError
+from .modes import legacy, to_api
 
 DEFAULT_BUCKET_BYTES = 4 << 20
 DEFAULT_BUCKET_MB = DEFAULT_BUCKET_BYTES / 2**20  # --bucket-mb
@@ -44,8 +45,8 @@ class Buckets:
     """The gradients of ``params`` (initialized on ``ctx``, shapes known) as views of
     bucket buffers, exchanged through ``kvstore`` (an ``mx.kv.KVStore``)."""
 
-    def __init__(self, params, ctx, kvstore, bucket_bytes=DEFAULT_BUCKET_BYTES):
-        self.ctx, self.kvstore = list(ctx), kvstore
+    def __init__(self, params, ctx, kvstore, bucket_bytes=DEFAULT_BUCKET_BYTES, is_np=False):
+        self.ctx, self.kvstore, self._is_np = list(ctx), kvstore, is_np
         self._members = [p for p in params if p.grad_req != "null"]
         self.buffers = [self._place(group) for group in _groups(self._members, bucket_bytes)]
         self._grad_lists = [p._grad for p in self._members]  # pylint: disable=protected-access
@@ -70,8 +71,8 @@ class Buckets:
             for p in group:
                 n = int(np.prod(p.shape))
                 view = buffer[offset:offset + n].reshape(p.shape)
-                view[:] = p.grad(c)  # the gradients of a step already taken
-                p._grad[i] = view  # pylint: disable=protected-access
+                view[:] = legacy(p.grad(c))  # the gradients of a step already taken
+                p._grad[i] = to_api(view, self._is_np)  # pylint: disable=protected-access
                 offset += n
             autograd.mark_variables([p.data(c) for p in group], [p.grad(c) for p in group],
                                     grad_reqs="write")

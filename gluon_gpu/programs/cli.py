@@ -4,7 +4,7 @@ import argparse
 import functools
 import sys
 
-from .errors import UserError
+from ..core.errors import UserError
 
 
 class Parser(argparse.ArgumentParser):
@@ -59,56 +59,14 @@ def _number(kind, text):
         raise argparse.ArgumentTypeError(f"not a {'whole ' if kind is int else ''}number: {text!r}") from None
 
 
-def parser(prog, description, compare=False):
-    """A parser with the flags every gluon_gpu command takes (``compare``: --devices and
-    --fused-conv take lists, for the benchmark, which times every combination)."""
-    from .fused_conv import MODES
-    p = Parser(prog=prog, description=description,
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--devices", default=None if compare else "all",
-                   nargs="+" if compare else None,
-                   help="device spec: all, cpu, cpu*N, gpu, gpu*N, gpu:I,J"
-                        + (" (several to compare)" if compare else ""))
-    p.add_argument("--fused-conv", choices=MODES, default=["auto"] if compare else "auto",
-                   nargs="+" if compare else None,
-                   help="LeNet's conv+relu+pool as one compiled CPU operator: auto (on CPUs, "
-                        "when it builds), on, off" + (" (several to compare)" if compare else ""))
-    p.add_argument("--batch-size", type=positive_int, default=256,
-                   help="global batch size, split over the devices")
-    p.add_argument("--data-dir", default=None,
-                   help="directory with the FashionMNIST IDX .gz files "
-                        "(default: $GLUON_GPU_DATA, the MXNet cache, Debian's dataset-fashion-mnist)")
-    p.add_argument("--omp-threads", type=non_negative_int, default=0,
-                   help="OpenMP threads per CPU operator (sets OMP_NUM_THREADS; 0: as set, "
-                        "else MXNet's default of half the logical CPUs)")
-    p.add_argument("--engine-threads", type=non_negative_int, default=0,
-                   help="MXNet engine worker threads per CPU context (sets "
-                        "MXNET_CPU_WORKER_NTHREADS; 0: as set, else 1)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
-
-
 def parse_args(p, argv=None):
     """Parse ``argv`` (None: the command line) and bring the thread flags into effect;
     MXNet reads them only at start, so the program re-executes itself if they differ
     from its environment (see ``devices.require_thread_settings``)."""
     args = p.parse_args(argv)
-    from .devices import require_thread_settings
+    from ..core.devices import require_thread_settings
     require_thread_settings(args.omp_threads, args.engine_threads, restart=argv is None)
     return args
-
-
-def add_model_flag(p, default="lenet"):
-    from .models import model_names
-    p.add_argument("--model", default=default, choices=model_names(),
-                   help="network: the tutorial LeNet or a gluoncv CIFAR-style zoo model")
-
-
-def add_bucket_flag(p):
-    from .buckets import DEFAULT_BUCKET_MB
-    p.add_argument("--bucket-mb", type=non_negative_float, default=DEFAULT_BUCKET_MB,
-                   help="several devices: gradients exchanged in contiguous buckets of up to this "
-                        "many MiB, one kvstore key each; 0: one key per parameter")
 
 
 def check_batch(batch_size, ctx):

@@ -25,7 +25,8 @@ import tempfile
 import mxnet as mx
 from mxnet.gluon import nn
 
-from .errors import UserError
+from ..core.errors import UserError
+from ..core.modes import legacy, to_api
 
 MODES = ("auto", "on", "off")
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "conv_relu_pool.cc")
@@ -161,6 +162,9 @@ class ConvReluPool(nn.HybridBlock):
     batch. With a parameter's ``grad_req='add'`` (which the extension API cannot honour)
     the block runs the standard operators instead."""
 
+    cpu_only = ("this LeNet uses the fused conv operator, which has CPU kernels only: "
+                "build it with fused=False (--fused-conv off) for GPUs")
+
     def __init__(self, channels, kernel, in_channels, groups=1, data_grad=True, **kwargs):
         super().__init__(**kwargs)
         self.groups, self.data_grad = groups, data_grad
@@ -178,6 +182,12 @@ class ConvReluPool(nn.HybridBlock):
         return f"{type(self).__name__}({c * self.groups} -> {f}, kernel_size=({k}, {k}){groups}, relu, max-pool 2x2)"
 
     def hybrid_forward(self, F, x, weight, bias):  # pylint: disable=arguments-differ
+        is_np = mx.util.is_np_array()  # an extension operator takes legacy arrays only
+        with mx.util.np_array(False):
+            out = self._legacy_forward(F, legacy(x), legacy(weight), legacy(bias))
+        return to_api(out, is_np)
+
+    def _legacy_forward(self, F, x, weight, bias):
         if "add" in (self.weight.grad_req, self.bias.grad_req):
             z = F.Convolution(x, weight, bias, kernel=self.weight.shape[2:], num_filter=self.weight.shape[0],
                               num_group=self.groups)

@@ -6,31 +6,43 @@ along the channel axis, so the two convolutions are one grouped convolution each
 (``batch_dot`` over a member axis). Every layer runs as one operator for all K members,
 which keeps a device busy that one small LeNet leaves idle.
 
-Input ``(B, K, 28, 28)`` (member k's image in channel k), output ``(B, K, 10)``.
+Input ``(B, K*C, H, W)`` (member k's image in channels k*C..), output ``(B, K, outputs)``.
 """
 import mxnet as mx
 from mxnet import gluon, nd
 
-from .models import conv_stages, lenet
+from ..core.modes import forward_zeros
+from .lenet import conv_stages, lenet
 
 _CONVS = (("0", 6, 5), ("2", 16, 3))          # LeNet child index, channels, kernel
-_DENSES = (("5", 120, 400), ("6", 84, 120), ("7", 10, 84))  # index, units, in_units
+_DENSES = (("4", 120), ("5", 84), ("6", None))  # LeNet child index, units (None: the outputs)
 
 
 class EnsembleLeNet(gluon.HybridBlock):
     """``fused=True``: each grouped conv -> ReLU -> max-pool runs as the fused CPU operator
     with ``groups=K`` (fused_conv.py), with the same parameters and keys."""
 
-    def __init__(self, members, fused=False, **kwargs):
+    def __init__(self, members, fused=False, channels=1, outputs=10, **kwargs):
         super().__init__(**kwargs)
-        self.members = members
+        self.members, self.channels, self.outputs = members, channels, outputs
         k = members
         with self.name_scope():
-            self.conv1, self.pool1, self.conv2, self.pool2 = conv_stages(k, fused)
-            for i, (_, units, in_units) in enumerate(_DENSES, 1):
-                setattr(self, f"fc{i}_weight", self.params.get(f"fc{i}_weight", shape=(k, units, in_units)))
+            self.conv1, self.pool1, self.conv2, self.pool2 = conv_stages(channels, k, fused)
+            for i, (_, units) in enumerate(_DENSES, 1):
+                units = units or outputs
+                setattr(self, f"fc{i}_weight", self.params.get(f"fc{i}_weight", shape=(k, units, 0),
+                                                               allow_deferred_init=True))
                 setattr(self, f"fc{i}_bias", self.params.get(f"fc{i}_bias", shape=(k, 1, units),
                                                              init=mx.init.Zero()))
+
+    def infer_shape(self, x, *args):
+        """The first dense layer's input width follows from the image size."""
+        features = self.pool2(self.conv2(self.pool1(self.conv1(x))))
+        width = features.shape[1] // self.members * features.shape[2] * features.shape[3]
+        for i, (_, units) in enumerate(_DENSES, 1):
+            units = units or self.outputs
+            getattr(self, f"fc{i}_weight").shape = (self.members, units, width)
+            width = units
 
     def hybrid_forward(self, F, x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, fc3_weight, fc3_bias):
         x = self.pool2(self.conv2(self.pool1(self.conv1(x))))        # (B, 16K, 5, 5)
@@ -52,25 +64,22 @@ def _ensemble_params(ens):
     fused = {}
     for (index, _, _), conv in zip(_CONVS, convs):
         fused[index + ".weight"], fused[index + ".bias"] = conv.weight, conv.bias
-    for i, (index, _, _) in enumerate(_DENSES, 1):
+    for i, (index, _) in enumerate(_DENSES, 1):
         fused[index + ".weight"] = getattr(ens, f"fc{i}_weight")
         fused[index + ".bias"] = getattr(ens, f"fc{i}_bias")
     return fused
 
 
-def _materialized(net, shape, ctx):
-    net(nd.zeros(shape, ctx=ctx[0]))
-    return net
-
-
-def combine_members(nets, ctx=None, fused=False):
+def combine_members(nets, ctx=None, fused=False, input_shape=(1, 28, 28)):
     """An EnsembleLeNet (``fused``: with the fused conv operator) whose member k holds
-    ``nets[k]``'s parameters (copies)."""
+    ``nets[k]``'s parameters (copies); ``input_shape``: one member's (C, H, W)."""
     first = next(iter(nets[0].collect_params().values()))
     ctx = ctx or first.list_ctx()
-    ens = EnsembleLeNet(len(nets), fused)
+    c, h, w = input_shape
+    outputs = _lenet_arrays(nets[0])["6.bias"].shape[0]
+    ens = EnsembleLeNet(len(nets), fused, c, outputs)
     ens.initialize(ctx=ctx)
-    _materialized(ens, (1, len(nets), 28, 28), ctx)
+    forward_zeros(ens, (len(nets) * c, h, w), ctx[0])
     arrays = [_lenet_arrays(n) for n in nets]
     for name, param in _ensemble_params(ens).items():
         parts = [a[name].as_in_context(mx.cpu()) for a in arrays]
@@ -84,15 +93,16 @@ def combine_members(nets, ctx=None, fused=False):
     return ens
 
 
-def extract_member(ens, k, ctx=None):
-    """An ordinary LeNet with member ``k``'s parameters: savable, loadable, evaluable."""
+def extract_member(ens, k, ctx=None, input_shape=(1, 28, 28)):
+    """An ordinary LeNet with member ``k``'s parameters: savable, loadable, evaluable;
+    ``input_shape``: one member's (C, H, W)."""
     if not 0 <= k < ens.members:
         raise IndexError(f"member {k} of an ensemble of {ens.members}")
     first = next(iter(ens.collect_params().values()))
     ctx = ctx or first.list_ctx()
-    net = lenet()
+    net = lenet(ens.outputs, ens.channels)
     net.initialize(ctx=ctx)
-    _materialized(net, (1, 1, 28, 28), ctx)
+    forward_zeros(net, input_shape, ctx[0])
     targets = net._collect_params_with_prefix()  # pylint: disable=protected-access
     for name, param in _ensemble_params(ens).items():
         value = param.data(param.list_ctx()[0]).as_in_context(mx.cpu())

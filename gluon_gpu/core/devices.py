@@ -150,3 +150,18 @@ def devices(spec="all"):
     ctx = parse_devices(spec)
     yield ctx
     mx.nd.waitall()
+
+
+def shard_bounds(n, count):
+    """``[(start, stop)]`` of ``n`` samples over at most ``count`` devices, as
+    ``gluon.utils.split_data(even_split=False)`` cuts them (the last takes the rest); a
+    batch smaller than the device count uses fewer devices."""
+    used = min(count, n)
+    step = n // used
+    return [(i * step, (i + 1) * step if i < used - 1 else n) for i in range(used)]
+
+
+def split_batch(array, ctx):
+    """Per-device shards of a host batch (legacy or numpy array): the one place a batch
+    is cut over devices (the device pipeline cuts its index arrays by ``shard_bounds``)."""
+    return [array[lo:hi].as_in_context(c) for (lo, hi), c in zip(shard_bounds(array.shape[0], len(ctx)), ctx)]

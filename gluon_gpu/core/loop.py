@@ -5,7 +5,7 @@ import time
 from tqdm import tqdm
 
 from .errors import DivergedError
-from .parallel import MAX_PENDING
+from .metrics import MAX_PENDING
 
 
 class Interrupted(Exception):
@@ -64,21 +64,26 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
 
 
 def validate(dp, val_pipeline):
-    """``{'val_acc'}``, and for an ensemble each member's too (val_acc is the ensemble's)."""
-    if dp.members == 1:
-        return {"val_acc": dp.evaluate(val_pipeline.epoch(0))}
-    members, ensemble = dp.evaluate_members(val_pipeline.epoch(0))
-    return {"val_acc": ensemble, "member_val_acc": members}
+    """The validation figures, named ``val_<name>`` (ensembles: the combined output's,
+    and ``member_val_<name>`` lists)."""
+    return _prefixed("val", dp.evaluate(val_pipeline.epoch(0)))
+
+
+def _prefixed(prefix, metrics):
+    """``{'loss': .., 'member_acc': ..}`` -> ``{'<prefix>_loss': .., 'member_<prefix>_acc': ..}``."""
+    out = {}
+    for name, value in metrics.items():
+        if name in ("samples", "seconds"):
+            continue
+        member = name.startswith("member_")
+        key = f"{prefix}_{name[len('member_'):] if member else name}"
+        out["member_" + key if member else key] = value
+    return out
 
 
 def epoch_record(epoch, train, val):
-    record = {"epoch": epoch + 1, "train_loss": train["loss"], "train_acc": train["accuracy"],
-              **val, "seconds": train["seconds"],
-              "samples_per_s": train["samples"] / train["seconds"]}
-    if "member_loss" in train:
-        record["member_train_loss"] = train["member_loss"]
-        record["member_train_acc"] = train["member_accuracy"]
-    return record
+    return {"epoch": epoch + 1, **_prefixed("train", train), **val, "seconds": train["seconds"],
+            "samples_per_s": train["samples"] / train["seconds"]}
 
 
 def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, start_batch=0,
@@ -94,7 +99,7 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
         train = train_epoch(dp, train_pipeline, epoch, log_interval, progress,
                             start_batch if epoch == start_epoch else 0, stop,
                             seconds_before if epoch == start_epoch else 0.0)
-        record = epoch_record(epoch, train, validate(dp, val_pipeline) if dp.rank == 0 else {"val_acc": None})
+        record = epoch_record(epoch, train, validate(dp, val_pipeline) if dp.rank == 0 else {})
         if dp.num_workers > 1:
             record["workers"] = dp.num_workers
         history.append(record)

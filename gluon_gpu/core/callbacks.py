@@ -1,0 +1,118 @@
+"""Small, separate pieces that react to finished epochs: the log line, metrics.json, curves.png."""
+import os
+
+from .files import atomic_write, write_json
+
+
+def metric_names(record):
+    """The metrics of a record besides the loss, in order: 'acc', 'top5', 'mse', ..."""
+    return [k[len("train_"):] for k in record if k.startswith("train_") and k != "train_loss"]
+
+
+def format_epoch(record, epochs):
+    """One human line per epoch: train loss and metrics, validation loss and metrics
+    (ensembles: each metric's member min/median/max before the ensemble's; samples/s
+    counts member-samples)."""
+    parts = [f"epoch {record['epoch']:>3}/{epochs}", f"loss {record['train_loss']:.4f}"]
+    parts += [f"train-{name} {record['train_' + name]:.4f}" for name in metric_names(record)]
+    members = 1
+    for name in ["loss"] + metric_names(record):
+        value = record.get("val_" + name)
+        if value is None:
+            continue
+        spread = record.get("member_val_" + name)
+        if spread:
+            members, ordered = len(spread), sorted(spread)
+            if name != "loss":
+                parts.append(f"member val-{name} {ordered[0]:.4f}/{ordered[len(ordered) // 2]:.4f}/"
+                             f"{ordered[-1]:.4f}")
+            parts.append(f"ensemble val-{name} {value:.4f}")
+        else:
+            parts.append(f"val-{name} {value:.4f}")
+    workers = f" ({record['workers']} workers)" if record.get("workers", 1) > 1 else ""
+    return ("  ".join(parts) + f"  {record['seconds']:6.2f} s  "
+            f"{record['samples_per_s'] * members:8.0f} samples/s{workers}")
+
+
+class EpochPrinter:
+    def __init__(self, epochs, write=print):
+        self.epochs, self.write = epochs, write
+
+    def on_epoch_end(self, record, history):
+        self.write(format_epoch(record, self.epochs))
+
+    def on_train_end(self, history, status):
+        pass
+
+
+class MetricsFile:
+    """``OUT/metrics.json``: configuration, devices, versions and every epoch so far,
+    rewritten atomically after each epoch so an interrupted run keeps its figures."""
+
+    def __init__(self, path, header):
+        self.path, self.header = path, dict(header)
+
+    def write(self, history, status):
+        write_json(self.path, {**self.header, "status": status, "epochs": history})
+
+    def on_epoch_end(self, record, history):
+        self.write(history, "running")
+
+    def on_train_end(self, history, status):
+        self.write(history, status)
+
+
+class CurvesPlot:
+    """``OUT/curves.png``: training loss, and train/validation accuracy, per epoch."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def on_epoch_end(self, record, history):
+        pass
+
+    def on_train_end(self, history, status):
+        if history:
+            plot_curves(history, self.path)
+
+
+def subplots(*args, **kwargs):
+    """matplotlib's ``subplots`` on the Agg backend (no display needed); imported late
+    because matplotlib is slow to import and most commands never plot."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig, path):
+    """Write ``fig`` to ``path`` (format from the extension) atomically, then free it."""
+    import matplotlib.pyplot as plt
+    fmt = os.path.splitext(path)[1].lstrip(".") or "png"
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=100))
+    plt.close(fig)
+
+
+def plot_curves(history, path):
+    """The loss and each metric per epoch, train and validation; an ensemble's members
+    as faint lines behind the ensemble's."""
+    epochs = [r["epoch"] for r in history]
+    names = ["loss"] + metric_names(history[0])
+    fig, axes = subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for split, color in (("train", "C0"), ("val", "C1")):
+            key = f"{split}_{name}"
+            members = [r.get("member_" + key) for r in history]
+            if all(members):
+                for k, values in enumerate(zip(*members)):
+                    ax.plot(epochs, values, color=color, alpha=0.25, linewidth=1,
+                            label=f"members ({split})" if k == 0 else None)
+            values = [r.get(key) for r in history]
+            if all(v is not None for v in values):
+                ax.plot(epochs, values, marker="o", color=color,
+                        label=("validation" if split == "val" else "train") + (" (ensemble)" if all(members) else ""))
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(name)
+        ax.legend()
+    save_figure(fig, path)

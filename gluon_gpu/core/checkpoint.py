@@ -1,0 +1,111 @@
+"""Run checkpoints: everything a run needs to go on, written so a kill at any moment
+leaves the previous complete checkpoint loadable.
+
+RUN/checkpoints/step-00000940/{net.params, trainer.states, state.json}, one directory
+per checkpoint, built under a temporary name and renamed into place once every file in
+it is fsynced. The newest complete directory is the one to resume from.
+"""
+import json
+import os
+import shutil
+import tempfile
+import time
+
+from .errors import ParamsError
+from .files import fsync_path
+from .modes import semantics
+from .params import assign_parameters, read_parameter_file, save_parameters
+
+CHECKPOINTS = "checkpoints"
+_PAUSE_ENV = "GLUON_GPU_CHECKPOINT_PAUSE"  # fault-injection tests: seconds to sleep mid-write
+
+
+def save_checkpoint(run_dir, dp, state, keep=3):
+    """Write a checkpoint of ``dp`` (parameters, Trainer states) and ``state`` (a JSON-able
+    dict with at least 'step'); keep the newest ``keep``. Returns its directory."""
+    root = os.path.join(run_dir, CHECKPOINTS)
+    os.makedirs(root, exist_ok=True)
+    name = f"step-{state['step']:08d}"
+    final = os.path.join(root, name)
+    if not os.path.isdir(final):
+        tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=root)
+        pause = float(os.environ.get(_PAUSE_ENV, 0))
+        save_parameters(dp.net, os.path.join(tmp, "net.params"))
+        if pause:
+            time.sleep(pause)
+        with semantics(dp.is_np):
+            dp.trainer.save_states(os.path.join(tmp, "trainer.states"))
+        fsync_path(os.path.join(tmp, "trainer.states"))
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump({**state, "complete": True}, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_path(tmp)
+        os.rename(tmp, final)
+        fsync_path(root)
+    for old in _complete(root)[:-keep] if keep else []:
+        shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+    for leftover in os.listdir(root):  # temporaries of writes that a kill cut short
+        if leftover.startswith(".step-") and os.path.isdir(os.path.join(root, leftover)):
+            shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)
+    return final
+
+
+def _read_state(directory):
+    try:
+        with open(os.path.join(directory, "state.json")) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    files_ok = all(os.path.isfile(os.path.join(directory, n)) for n in ("net.params", "trainer.states"))
+    return state if files_ok and state.get("complete") else None
+
+
+def _complete(root):
+    """Names of the complete checkpoints under ``root``, oldest first."""
+    try:
+        names = sorted(n for n in os.listdir(root) if n.startswith("step-"))
+    except OSError:
+        return []
+    return [n for n in names if _read_state(os.path.join(root, n)) is not None]
+
+
+def latest_checkpoint(run_dir):
+    """``(directory, state)`` of the newest complete checkpoint, or ``(None, None)``.
+
+    A directory is complete once renamed into place with every file present."""
+    root = os.path.join(run_dir, CHECKPOINTS)
+    complete = _complete(root)
+    if not complete:
+        return None, None
+    return os.path.join(root, complete[-1]), _read_state(os.path.join(root, complete[-1]))
+
+
+def load_checkpoint(directory, dp, adapt=None):
+    """Load a checkpoint's parameters and Trainer states (optimizer state, update count)
+    into ``dp``; ``adapt`` maps the file's parameter names to the network's (files of
+    older versions). The LR scheduler stays the one ``dp`` was built with: it is a function
+    of the update count alone, but laid out over the run's epochs, which a resume may extend."""
+    path = os.path.join(directory, "net.params")
+    arrays = read_parameter_file(path)
+    assign_parameters(dp.net, adapt(arrays) if adapt else arrays, dp.ctx, path)
+    scheduler = dp.trainer.optimizer.lr_scheduler
+    with semantics(dp.is_np):
+        dp.trainer.load_states(os.path.join(directory, "trainer.states"))
+    if scheduler is not None:
+        dp.trainer.optimizer.lr_scheduler = scheduler
+    _check_state_shapes(dp.trainer, directory)
+
+
+def _check_state_shapes(trainer, directory):
+    """Trainer states are stored by parameter index; refuse states that do not fit."""
+    updaters = getattr(trainer, "_updaters", None) or []
+    states = updaters[0].states if updaters else {}
+    params = trainer._params  # pylint: disable=protected-access
+    for index, state in states.items():
+        arrays = state if isinstance(state, (list, tuple)) else [state]
+        for array in arrays:
+            if hasattr(array, "shape") and array.shape != params[index].shape:
+                raise ParamsError(f"{directory}/trainer.states does not fit this network "
+                                  f"(state {index} has shape {array.shape}, parameter "
+                                  f"{params[index].name} {params[index].shape})")

@@ -1,0 +1,59 @@
+"""The step graph: input transform -> network -> task head -> per-member sums, one
+hybridized graph per input shape and mode, sharing the network's parameters."""
+import mxnet as mx
+from mxnet import gluon, nd
+
+from .modes import legacy, to_api
+
+
+def make_step_graph(net, head, transform, dtype, members, is_np, training):
+    """``(x, y) -> (loss sums (K,), stats)`` in training, ``stats`` in evaluation.
+
+    ``stats`` is ``[loss sums (K), each metric's sums (K)]``; evaluating an ensemble
+    adds the combined output's ``[loss, each metric]`` sums (the head's ``combine``).
+    The network runs in its own API (``is_np``); transform and head in the legacy one.
+    A HybridBlock network gets a hybridizable graph; any other Block an eager one."""
+    kind = StepGraph if isinstance(net, gluon.HybridBlock) else EagerStepGraph
+    graph = kind(prefix="")
+    graph.net, graph.transform = net, transform
+    graph._config = (head, dtype, members, is_np, training)  # pylint: disable=protected-access
+    return graph
+
+
+def _forward(graph, F, x, y):
+    head, dtype, members, is_np, training = graph._config  # pylint: disable=protected-access
+    x, y = legacy(x), legacy(y)
+    with mx.util.np_array(False):
+        if graph.transform is not None:
+            x = graph.transform(x)
+        x = x.astype(dtype)
+    out = graph.net(to_api(x, is_np))
+    with mx.util.np_array(False):
+        sums = _head_sums(F, head, legacy(out), y.astype("float32"), dtype, members, training)
+    return tuple(to_api(s, is_np) for s in sums) if training else to_api(sums, is_np)
+
+
+class StepGraph(gluon.HybridBlock):
+    def hybrid_forward(self, F, x, y):  # pylint: disable=arguments-differ
+        return _forward(self, F, x, y)
+
+
+class EagerStepGraph(gluon.Block):
+    def forward(self, x, y):  # pylint: disable=arguments-differ
+        return _forward(self, nd, x, y)
+
+
+def _head_sums(F, head, out, y, dtype, k, training):
+    if dtype != "float32":  # losses and sums in float32 whatever the network's dtype
+        out = F.cast(out, dtype="float32")
+    parts = []
+    if k > 1:
+        if not training:
+            first = F.reshape(F.slice_axis(y, axis=1, begin=0, end=1), shape=(-3, -2))
+            loss, metrics = head.per_sample(F, head.combine(F, out), first)
+            parts = [F.sum(v, axis=0, keepdims=True) for v in [loss] + metrics]
+        out, y = F.reshape(out, shape=(-3, -2)), F.reshape(y, shape=(-3, -2))
+    loss, metrics = head.per_sample(F, out, y)
+    sums = [F.sum(F.reshape(v, shape=(-1, k)), axis=0) for v in [loss] + metrics]
+    stats = F.concat(*(sums + parts), dim=0)
+    return (sums[0], stats) if training else stats

@@ -1,0 +1,94 @@
+"""Task heads: what follows the network inside the step graph, for a task.
+
+A head gives the per-sample loss that backward starts from and per-sample metric
+values; the step graph sums both on the devices (no host sync per batch) and
+``DataParallel.read_metrics`` divides by the sample count. The protocol, for a user's
+own task::
+
+    Head(loss, metrics={"name": fn}, combine=None)
+
+* ``loss``: a ``gluon.loss.Loss`` (or any HybridBlock) mapping ``(output, label)`` to
+  one loss per sample, shape ``(n,)``;
+* ``metrics``: name -> ``fn(F, output, label)`` giving one value per sample, ``(n,)``,
+  written with the legacy operators of ``F`` (``mx.nd``/``mx.sym``): a figure that is a
+  mean over samples (accuracy, squared error);
+* ``combine``: ``fn(F, outputs)`` folding an ensemble's ``(n, K, ...)`` outputs into one
+  ``(n, ...)`` output (default: their mean).
+
+Heads run in the legacy API whatever the model's: gluon_gpu converts the model output.
+"""
+from mxnet import gluon
+
+
+class Head:
+    """A loss and named per-sample metrics (see the module docstring)."""
+    task = "custom"
+
+    def __init__(self, loss, metrics=None, combine=None):
+        self.loss = loss
+        self.metrics = dict(metrics or {})
+        self._combine = combine
+
+    @property
+    def names(self):
+        return tuple(self.metrics)
+
+    def per_sample(self, F, out, y):
+        """``(loss (n,), [metric (n,) per name])``."""
+        return self.loss(out, y), [fn(F, out, y) for fn in self.metrics.values()]
+
+    def combine(self, F, outs):
+        """An ensemble's outputs ``(n, K, ...)`` as one output ``(n, ...)``."""
+        return self._combine(F, outs) if self._combine else F.mean(outs, axis=1)
+
+
+def _accuracy(F, out, y):
+    return F.argmax(out, axis=-1) == y
+
+
+def _top5(F, out, y):
+    return F.sum(F.broadcast_equal(F.topk(out, axis=-1, k=5), F.reshape(y, shape=(-1, 1))), axis=-1)
+
+
+def _squared_error(F, out, y):
+    return F.mean(F.square(out - F.reshape_like(y, out)), axis=0, exclude=True)
+
+
+def _absolute_error(F, out, y):
+    return F.mean(F.abs(out - F.reshape_like(y, out)), axis=0, exclude=True)
+
+
+def _mean_softmax(F, outs):
+    """Log of the members' mean softmax: its argmax is the vote, and softmax
+    cross-entropy on it is the ensemble's negative log-likelihood."""
+    return F.log(F.mean(F.softmax(outs, axis=-1), axis=1))
+
+
+class Classification(Head):
+    """Softmax cross-entropy; accuracy, and top-5 accuracy above 5 classes."""
+    task = "classify"
+
+    def __init__(self, classes=10):
+        metrics = {"acc": _accuracy}
+        if classes > 5:
+            metrics["top5"] = _top5
+        super().__init__(gluon.loss.SoftmaxCrossEntropyLoss(), metrics, _mean_softmax)
+
+
+class Regression(Head):
+    """L2 loss (half the squared error); mean squared and mean absolute error."""
+    task = "regress"
+
+    def __init__(self):
+        super().__init__(gluon.loss.L2Loss(), {"mse": _squared_error, "mae": _absolute_error})
+
+
+TASKS = ("classify", "regress")
+
+
+def head_for(task, classes=None):
+    if task == "classify":
+        return Classification(classes or 10)
+    if task == "regress":
+        return Regression()
+    raise ValueError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")

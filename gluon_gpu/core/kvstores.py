@@ -1,0 +1,36 @@
+"""Which kvstore aggregates the gradients, and the options that only some devices or
+launches can run: checked up front, one clear line each."""
+import os
+
+import mxnet as mx
+
+from .errors import UserError
+
+KVSTORES = ("device", "local", "nccl", "dist_sync", "dist_device_sync", "dist_async")
+DTYPES = ("float32", "float16")
+
+
+def default_kvstore(ctx):
+    """'device' (aggregate on the GPUs) for GPUs, 'local' for CPU contexts."""
+    return "device" if ctx[0].device_type == "gpu" else "local"
+
+
+def check_options(ctx, kvstore=None, dtype="float32"):
+    """Reject GPU-only or launcher-only options where they cannot work (UserError)."""
+    on_gpu = all(c.device_type == "gpu" for c in ctx)
+    if kvstore is not None and kvstore not in KVSTORES:
+        raise UserError(f"unknown kvstore {kvstore!r}: choose one of {', '.join(KVSTORES)}")
+    if kvstore == "nccl":
+        if not on_gpu:
+            raise UserError("kvstore nccl needs GPU devices (got %s)" % ", ".join(map(str, ctx)))
+        if not mx.runtime.Features().is_enabled("NCCL"):
+            raise UserError("kvstore nccl needs an MXNet build with NCCL; this one has none "
+                            "(use --kvstore device)")
+    if kvstore is not None and kvstore.startswith("dist"):
+        if "DMLC_ROLE" not in os.environ:
+            raise UserError(f"kvstore {kvstore} needs the DMLC_* environment of a distributed "
+                            "job: start it with python -m gluon_gpu.launch")
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if dtype == "float16" and not on_gpu:
+        raise UserError("float16 training is supported on GPU devices only")

@@ -1,0 +1,269 @@
+"""The data-parallel step: one network replicated on a device list, usable from any loop.
+
+    dp = DataParallel(net, ctx, "sgd", {"learning_rate": 0.1})
+    for data, label in loader:
+        dp.step(data, label)             # split, forward+backward on every device, update
+    print(dp.read_metrics())            # the only host sync: mean loss and metrics
+
+Each host batch is cut over the devices (``devices.split_batch``; the device pipeline
+delivers it already cut), every device runs forward and backward concurrently through
+MXNet's async engine, and ``gluon.Trainer`` aggregates the gradients through the kvstore
+(or the gradient buckets). DataParallel knows neither the model nor the data: the input
+transform and the task head (loss and metrics, heads.py) are passed in, and the network
+may use either MXNet API (modes.py).
+"""
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+
+from .buckets import DEFAULT_BUCKET_BYTES, Buckets, bucketable
+from .devices import split_batch
+from .errors import UserError
+from .graph import make_step_graph
+from .heads import Classification, Head, head_for
+from .kvstores import check_options, default_kvstore
+from .metrics import DeviceSums, report
+from .modes import legacy, model_is_np, semantics, to_api
+
+
+class DataParallel:
+    """A network, its ``gluon.Trainer`` and the device list it is replicated on.
+
+    ``head``: the task, a :class:`heads.Head` or ``'classify'``/``'regress'`` (default:
+    classification with accuracy). ``transform``: a HybridBlock run on each input shard
+    inside the step graph before the network (e.g. the device pipeline's uint8 ->
+    normalized float); None: inputs go to the network as they are.
+
+    ``batch_size``: the nominal (global, per worker) batch size. Gradients are divided by
+    the larger of it and the batch's own size, so an epoch's smaller last batch moves the
+    parameters in proportion to its size, as ``trainer.step(batch_size)`` does in MXNet's
+    tutorial and GluonCV's scripts (README "Python API" has the measured effect).
+
+    ``bucket_bytes``: on several devices of one process, the gradients live in contiguous
+    buckets of up to this size and the kvstore sums buckets, not parameters (buckets.py).
+    0, distributed jobs, and accumulated or sparse gradients: the Trainer's own exchange.
+    From the first step on DataParallel owns the gradients' storage: re-allocating the
+    parameters (``reset_ctx``, ``cast``, ``force_reinit``) raises at the next step.
+
+    ``exchange=False`` leaves the gradient exchange out: every device trains its own
+    replica. Not training: the benchmark's baseline for what the exchange costs.
+    """
+
+    def __init__(self, net, ctx, optimizer="sgd", optimizer_params=None, kvstore=None, head=None,
+                 transform=None, hybridize=True, dtype="float32", initializer=None, batch_size=None,
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, exchange=True):
+        self.ctx = list(ctx)
+        self.batch_size = batch_size
+        store = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
+        kvstore = store.type if store else (kvstore or default_kvstore(self.ctx))
+        check_options(self.ctx, kvstore, dtype)
+        _check_devices(net, self.ctx)
+        self.net, self.transform, self.hybridize, self.dtype = net, transform, hybridize, dtype
+        self.head = head if isinstance(head, Head) else (head_for(head) if head else Classification())
+        self.members = getattr(net, "members", 1)
+        self.is_np = model_is_np(net)
+        with semantics(self.is_np):
+            _place(net, self.ctx, initializer or mx.init.Xavier())
+            if dtype != "float32":
+                net.cast(dtype)
+        if transform is not None:  # its constants (per-channel normalization) on the devices
+            _place(transform, self.ctx, None)
+        params = dict(optimizer_params or {})
+        if dtype == "float16":
+            params.setdefault("multi_precision", True)
+        self.distributed = kvstore.startswith("dist")
+        if self.distributed and not exchange:
+            raise UserError("exchange=False is for one process: a distributed job always exchanges")
+        self.kvstore = (store or mx.kv.create(kvstore)) if self.distributed else kvstore
+        self.rank = self.kvstore.rank if self.distributed else 0
+        self.num_workers = self.kvstore.num_workers if self.distributed else 1
+        # Synchronous jobs aggregate gradients on the servers and update on every worker
+        # (identical updates: identical replicas); dist_async must update on the servers.
+        self._sync = self.distributed and kvstore != "dist_async"
+        # Buckets are made at the first step, when every shape is known (a net may infer
+        # its shapes in its first forward pass); the Trainer then has no kvstore of its own.
+        self.bucketing = (exchange and not self.distributed and len(self.ctx) > 1 and bucket_bytes > 0
+                          and bucketable(net.collect_params().values()))
+        self._bucket_config = (kvstore, bucket_bytes)
+        self.buckets = None
+        # Every device updates its own replica from the summed gradients (dist_async can
+        # only update on the servers): the same kernels with buckets or without, so the two
+        # give the same numbers, and a checkpoint may resume under either.
+        self.trainer = gluon.Trainer(net.collect_params(), optimizer, params,
+                                     kvstore=self.kvstore if exchange and not self.bucketing else None,
+                                     update_on_kvstore=None if kvstore == "dist_async" else False)
+        self.names = self.head.names
+        self.sums = DeviceSums(self.ctx, (1 + len(self.names)) * self.members, self.members)
+        if self.distributed:
+            self._start_distributed()
+        self._graphs = {}
+
+    def _start_distributed(self):
+        """Initialize the parameters on the servers now, and wait for every worker to
+        have pulled them, before any gradient is pushed: MXNet 1.9 with
+        update_on_kvstore=False uses one key for both, and a worker still pulling the
+        initial weights otherwise races another's first gradient push and can receive
+        the gradient sum as its weights (seen here as replicas that differ)."""
+        with semantics(self.is_np):
+            self.trainer._init_kvstore()  # pylint: disable=protected-access
+            self.trainer._init_params()  # pylint: disable=protected-access
+        nd.waitall()
+        self.kvstore._barrier()  # pylint: disable=protected-access
+        self._metric_key = 1 << 20  # beyond any parameter index
+        self.kvstore.init(self._metric_key, nd.zeros((self.sums.width + 1,)))
+
+    # -- the step -----------------------------------------------------------
+    def split(self, data, label):
+        """Per-device shards of a batch; already-split lists pass through unchanged."""
+        if isinstance(data, (list, tuple)):
+            return list(data), list(label)
+        return split_batch(data, self.ctx), split_batch(label, self.ctx)
+
+    def step(self, data, label, return_loss=True):
+        """Forward, backward and one optimizer update on a batch; returns the batch's mean
+        loss as a lazy NDArray on the first device (reading it forces a sync), or None
+        with ``return_loss=False`` (the epoch loop: a few operators fewer per step)."""
+        if self.buckets is not None:
+            self.buckets.check()
+        xs, ys = self.split(data, label)
+        batch_size = sum(x.shape[0] for x in xs)
+        with semantics(self.is_np):
+            with autograd.record():
+                outs = [self._run(x, y, training=True) for x, y in zip(xs, ys)]
+            autograd.backward([loss_sum for loss_sum, _ in outs])  # one call for every device
+            if len(xs) < len(self.ctx):  # idle devices must contribute zero, not stale, grads
+                self._zero_grads(self.ctx[len(xs):])
+            if self.bucketing:
+                self._bucketed().allreduce()
+            # Synchronous workers receive the gradient sum over all workers' equal batches.
+            self.trainer.step(max(batch_size, self.batch_size or 0) * (self.num_workers if self._sync else 1))
+        self.sums.add([stats for _, stats in outs], batch_size)
+        if not return_loss:
+            return None
+        total = nd.add_n(*[l.as_in_context(self.ctx[0]) for l, _ in outs])
+        return nd.sum(total) / (batch_size * self.members)
+
+    def _run(self, x, y, training):
+        """One shard through its cached graph; legacy outputs whatever the model's API."""
+        graph = self._graph(x.shape, training)
+        out = graph(to_api(x, self.is_np), to_api(y, self.is_np))
+        return tuple(legacy(o) for o in out) if training else legacy(out)
+
+    def first_nonfinite_step(self):
+        """The 1-based position, among the steps since the last call, of the first whose
+        loss was NaN/inf, else None (one add per device; per-step reads only if one was)."""
+        return self.sums.first_nonfinite()
+
+    def read_metrics(self, reset=True):
+        """``{'loss', <metric>..., 'samples'}`` means since the last reset: the one host
+        sync. Ensembles: the means over members, and ``member_<name>`` lists."""
+        vector, samples = self.sums.total(), self.sums.samples
+        if self._sync:  # every worker calls this at the same steps: sum the sums over workers
+            vector, samples = self._allreduce(vector, samples)
+        if reset:
+            self.sums.reset()
+        return report(vector, samples, self.names, self.members)
+
+    def reset_metrics(self):
+        self.sums.reset()
+
+    def _allreduce(self, vector, samples):
+        local = nd.array(np.concatenate([vector, [samples]]))
+        self.kvstore.push(self._metric_key, local)
+        total = nd.zeros(local.shape)
+        self.kvstore.pull(self._metric_key, out=total)
+        total = total.asnumpy()
+        return total[:-1], int(round(total[-1]))
+
+    def metric_state(self):
+        """The running sums behind ``read_metrics`` (for checkpoints)."""
+        return self.sums.state()
+
+    def load_metric_state(self, state):
+        self.sums.load_state(state)
+
+    # -- evaluation -----------------------------------------------------------
+    def evaluate(self, batches):
+        """``{'loss', <metric>..., 'samples'}`` over an iterable of batches (host batches
+        or per-device shards). An ensemble reports its combined output (the head's
+        ``combine``: the mean-softmax vote for classification), and ``member_<name>`` lists."""
+        width = self.sums.width + (1 + len(self.names)) * (self.members > 1)
+        totals = [nd.zeros((width,), ctx=c) for c in self.ctx]
+        samples = 0
+        with semantics(self.is_np):
+            for data, label in batches:
+                xs, ys = self.split(data, label)
+                for i, (x, y) in enumerate(zip(xs, ys)):
+                    totals[i] += self._run(x, y, training=False)
+                samples += sum(x.shape[0] for x in xs)
+        vector = sum(t.asnumpy() for t in totals)
+        result = report(vector[:self.sums.width], samples, self.names, self.members)
+        if self.members > 1:
+            result.update(report(vector[self.sums.width:], samples, self.names, 1))
+        return result
+
+    # -- internals ------------------------------------------------------------
+    def _graph(self, shape, training):
+        """One hybridized graph per (input shape, mode), all sharing the net's parameters,
+        so a last partial batch gets its own cached graph instead of re-planning the
+        full-batch one every epoch."""
+        key = (tuple(shape), training)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = make_step_graph(self.net, self.head, self.transform, self.dtype, self.members,
+                                    self.is_np, training)
+            if self.hybridize and isinstance(self.net, gluon.HybridBlock):
+                graph.hybridize(static_alloc=True, static_shape=True)
+            self._graphs[key] = graph
+        return graph
+
+    def _bucketed(self):
+        """The buckets, made at the first step, after its backward: shapes are known and
+        that step's gradients move into the buckets. The graphs are rebuilt, since ones
+        that ran before bound the old gradient arrays."""
+        if self.buckets is None:
+            kvstore, bucket_bytes = self._bucket_config
+            self.buckets = Buckets(self.net.collect_params().values(), self.ctx, mx.kv.create(kvstore),
+                                   bucket_bytes, self.is_np)
+            self._graphs.clear()
+        return self.buckets
+
+    def _zero_grads(self, idle_ctx):
+        """Devices that got no samples this step must contribute zero, not stale, grads,
+        and the Trainer, which updates every device, must take those zeros as this step's."""
+        trained = [p for p in self.net.collect_params().values() if p.grad_req != "null"]
+        if self.buckets is not None:
+            self.buckets.zero(idle_ctx)
+        else:
+            for param in trained:
+                for c in idle_ctx:
+                    param.grad(c)[:] = 0
+        for param in trained:
+            for c in idle_ctx:
+                param.data(c)._fresh_grad = True  # pylint: disable=protected-access
+
+
+def _check_devices(net, ctx):
+    """A block with CPU-only kernels declares ``cpu_only`` (a one-line reason); refuse it
+    on other devices."""
+    if all(c.device_type == "cpu" for c in ctx):
+        return
+    stack = [net]
+    while stack:
+        block = stack.pop()
+        reason = getattr(block, "cpu_only", None)
+        if reason:
+            raise UserError(reason)
+        stack.extend(block._children.values())  # pylint: disable=protected-access
+
+
+def _place(block, ctx, initializer):
+    """Initialize ``block`` on ``ctx``, or move its initialized parameters there."""
+    try:
+        initialized = all(p.list_ctx() for p in block.collect_params().values())
+    except RuntimeError:
+        initialized = False
+    if initialized:
+        block.collect_params().reset_ctx(ctx)
+    else:
+        block.initialize(initializer, ctx=ctx)

@@ -1,0 +1,124 @@
+"""Data from arrays: the checks and the spec every array source shares (npz files,
+numpy arrays and Gluon datasets in Python, image folders once decoded)."""
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.errors import DataError
+from .spec import DataSpec, channel_stats
+
+TASKS = ("classify", "regress")
+
+
+@dataclass
+class Dataset:
+    """Training and validation arrays and their :class:`DataSpec`."""
+    train_x: np.ndarray
+    train_y: np.ndarray
+    val_x: np.ndarray
+    val_y: np.ndarray
+    spec: DataSpec
+
+    def limited(self, limit):
+        """The first ``limit`` training samples only (quick runs, tests)."""
+        if limit is None:
+            return self
+        return Dataset(self.train_x[:limit], self.train_y[:limit], self.val_x, self.val_y, self.spec)
+
+
+def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=None, std=None,
+                dataset="arrays", source="arrays"):
+    """A :class:`Dataset` from numpy arrays.
+
+    Inputs: ``(N, F)`` features, ``(N, H, W)`` grayscale or ``(N, C, H, W)`` images;
+    uint8 images are scaled to [0, 1] first. Targets: integer labels (classification) or
+    floats ``(N,)``/``(N, T)`` (regression); ``task`` overrides the guess, and float
+    labels with ``task='classify'`` are refused. ``classes``: class names (default the
+    label numbers). ``mean``/``std``: per channel (default: from the training inputs)."""
+    x_train, x_val = _inputs(x_train, "x_train"), _inputs(x_val, "x_val")
+    y_train, y_val = np.asarray(y_train), np.asarray(y_val)
+    for x, y, split in ((x_train, y_train, "train"), (x_val, y_val, "val")):
+        if len(x) != len(y):
+            raise DataError(f"x_{split} has {len(x)} samples but y_{split} has {len(y)}")
+        if len(x) == 0:
+            raise DataError(f"the {split} split has no samples")
+    if x_train.shape[1:] != x_val.shape[1:]:
+        raise DataError(f"x_train samples are {x_train.shape[1:]} but x_val samples are {x_val.shape[1:]}")
+    integer = np.issubdtype(y_train.dtype, np.integer) and np.issubdtype(y_val.dtype, np.integer)
+    task = task or ("classify" if integer else "regress")
+    if task not in TASKS:
+        raise DataError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    dtype = "uint8" if x_train.dtype == np.uint8 else "float32"
+    if task == "classify":
+        if not integer:
+            raise DataError(f"task classify needs integer labels; these are {y_train.dtype} "
+                            "(use --task regress for real-valued targets)")
+        if y_train.ndim != 1 or y_val.ndim != 1:
+            raise DataError("classification labels must be one integer per sample")
+        count = len(classes) if classes else int(max(y_train.max(), y_val.max())) + 1
+        for y, split in ((y_train, "y_train"), (y_val, "y_val")):
+            if y.min() < 0 or y.max() >= count:
+                raise DataError(f"{split} holds label {y.min() if y.min() < 0 else y.max()}, outside "
+                                f"0..{count - 1}")
+        classes = [str(c) for c in classes] if classes else [str(c) for c in range(count)]
+        outputs = count
+    else:
+        if y_train.ndim > 2 or y_train.shape[1:] != y_val.shape[1:]:
+            raise DataError(f"regression targets must be (N,) or (N, T) alike in both splits, got "
+                            f"{y_train.shape} and {y_val.shape}")
+        if not (np.isfinite(y_train).all() and np.isfinite(y_val).all()):
+            raise DataError("regression targets hold NaN or infinite values")
+        classes, outputs = None, int(np.prod(y_train.shape[1:]))
+    scale = 1 / 255 if dtype == "uint8" else 1.0
+    if mean is None or std is None:
+        mean, std = channel_stats(x_train, scale)
+    spec = DataSpec(dataset=dataset, task=task, input_shape=tuple(int(d) for d in x_train.shape[1:]),
+                    outputs=outputs, mean=list(map(float, np.atleast_1d(mean))),
+                    std=list(map(float, np.atleast_1d(std))), dtype=dtype, classes=classes, source=source)
+    targets = (lambda y: y.astype(np.int32)) if task == "classify" else (lambda y: y.astype(np.float32))
+    return Dataset(x_train, targets(y_train), x_val, targets(y_val), spec)
+
+
+def _inputs(x, name):
+    x = np.asarray(x)
+    if x.dtype != np.uint8 and not np.issubdtype(x.dtype, np.number):
+        raise DataError(f"{name} is {x.dtype}, not numbers")
+    if x.ndim == 3:
+        x = x[:, None]  # grayscale images: one channel
+    if x.ndim not in (2, 4):
+        raise DataError(f"{name} has shape {x.shape}: expected (N, F) features, (N, H, W) or "
+                        "(N, C, H, W) images")
+    if x.dtype != np.uint8:
+        x = x.astype(np.float32)
+        if not np.isfinite(x).all():
+            raise DataError(f"{name} holds NaN or infinite values")
+    return x
+
+
+def from_gluon(train, val, **kwargs):
+    """A :class:`Dataset` from two ``gluon.data.Dataset`` s of ``(input, label)`` samples,
+    read into memory. Images laid out ``(H, W, C)`` with C in 1, 3 or 4, as Gluon's
+    vision datasets give them, become ``(C, H, W)``."""
+    def arrays(dataset):
+        xs, ys = zip(*(dataset[i] for i in range(len(dataset))))
+        x = np.stack([v.asnumpy() if hasattr(v, "asnumpy") else np.asarray(v) for v in xs])
+        if x.ndim == 4 and x.shape[-1] in (1, 3, 4):
+            x = x.transpose(0, 3, 1, 2)
+        return x, np.array([v.asnumpy() if hasattr(v, "asnumpy") else v for v in ys]).squeeze()
+    kwargs.setdefault("dataset", "gluon")
+    kwargs.setdefault("source", type(train).__name__)
+    return from_arrays(*arrays(train), *arrays(val), **kwargs)
+
+
+def read_npz(path, task=None):
+    """A :class:`Dataset` from an ``.npz`` holding ``x_train, y_train, x_val, y_val``."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = [k for k in ("x_train", "y_train", "x_val", "y_val") if k not in f.files]
+            if missing:
+                raise DataError(f"{path} lacks {', '.join(missing)} (it has {', '.join(f.files) or 'nothing'})")
+            arrays = [f[k] for k in ("x_train", "y_train", "x_val", "y_val")]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise DataError(f"cannot read {path} as .npz: {e or type(e).__name__}") from None
+    return from_arrays(*arrays, task=task, dataset="npz", source=path)

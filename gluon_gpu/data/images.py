@@ -1,0 +1,135 @@
+"""Image files: decoding with Pillow, guarded, and image folders in Gluon's
+``ImageFolderDataset`` layout (``DIR/train/<class>/*``, ``DIR/val/<class>/*``)."""
+import os
+import warnings
+
+import numpy as np
+
+from ..core.errors import DataError
+from .arrays import from_arrays
+
+MAX_PIXELS = 40_000_000  # checked from the header, before decoding (a 20000x20000 PNG is 400M)
+MIN_SIDE = 8             # below this an image carries too little to learn or classify
+GRAY_MODES = ("1", "L", "I", "I;16", "F")
+
+
+def parse_image_size(text):
+    """'H' or 'H,W' -> (H, W)."""
+    try:
+        sides = [int(v) for v in str(text).split(",")]
+    except ValueError:
+        sides = []
+    if len(sides) not in (1, 2) or min(sides) < MIN_SIDE:
+        raise DataError(f"--image-size {text!r}: expected H or H,W, each at least {MIN_SIDE}")
+    return (sides[0], sides[-1])
+
+
+def open_image(path):
+    """A Pillow image whose header has been checked (size bounds), not yet decoded;
+    DataError for anything that is not an image Pillow reads."""
+    from PIL import Image, UnidentifiedImageError
+    try:
+        with warnings.catch_warnings():  # Pillow's DecompressionBombWarning: bounded below
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(path)
+    except (UnidentifiedImageError, Image.DecompressionBombError) as e:
+        reason = "not an image Pillow can read" if isinstance(e, UnidentifiedImageError) else "too large"
+        raise DataError(f"{path}: {reason}") from None
+    except OSError as e:
+        raise DataError(f"{path}: {e.strerror or e}") from None
+    w, h = im.size
+    if w * h > MAX_PIXELS:
+        im.close()
+        raise DataError(f"{path}: image is {w}x{h}, over the {MAX_PIXELS // 1_000_000}M pixels read here")
+    if min(w, h) < MIN_SIDE:
+        im.close()
+        raise DataError(f"{path}: image is {w}x{h}; need at least {MIN_SIDE}x{MIN_SIDE} pixels")
+    return im
+
+
+def decode(path, channels, size=None):
+    """uint8 ``(channels, H, W)`` from an image file (``size``: (H, W) to resize to)."""
+    from PIL import Image, ImageFile
+    # gluoncv's data package sets Pillow's process-wide LOAD_TRUNCATED_IMAGES on import;
+    # a truncated image must be an error here whatever was imported before.
+    tolerant, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, False
+    try:
+        with open_image(path) as im:
+            im = im.convert("L" if channels == 1 else "RGB")
+            if size is not None and im.size != (size[1], size[0]):
+                im = im.resize((size[1], size[0]), Image.BILINEAR)
+            pixels = np.asarray(im, dtype=np.uint8)
+    except (OSError, ValueError, SyntaxError) as e:
+        raise DataError(f"{path}: {e or type(e).__name__}") from None
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = tolerant
+    return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+
+def _scan(split_dir, classes=None):
+    """``[(path, label)]`` and the class names of one split; files Pillow cannot
+    identify are skipped and counted. ``classes``: the training split's names."""
+    if not os.path.isdir(split_dir):
+        raise DataError(f"{split_dir} does not exist: an image folder needs train/<class>/ and val/<class>/")
+    names = sorted(d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d)))
+    if not names:
+        raise DataError(f"{split_dir} holds no class folders (expected {split_dir}/<class>/<image>)")
+    if classes is not None:
+        unknown = [n for n in names if n not in classes]
+        if unknown:
+            raise DataError(f"{split_dir}/{unknown[0]} is not a class of the training split ({', '.join(classes)})")
+    items, skipped, headers = [], [], {}
+    for name in names:
+        folder = os.path.join(split_dir, name)
+        found = 0
+        for entry in sorted(os.listdir(folder)):
+            path = os.path.join(folder, entry)
+            if not os.path.isfile(path):
+                continue
+            try:
+                with open_image(path) as im:
+                    headers[path] = (im.size, im.mode)
+            except DataError as e:
+                if "not an image" not in str(e):
+                    raise
+                skipped.append(path)
+                continue
+            items.append((path, (classes or names).index(name)))
+            found += 1
+        if found == 0:
+            raise DataError(f"class folder {folder} holds no images")
+    return items, names, skipped, headers
+
+
+def read_folder(root, image_size=None, task=None):
+    """A Dataset from an image folder; every image decoded into memory as uint8.
+
+    Colour if any image is (grayscale ones are converted), else one channel. Without
+    ``image_size`` every image must have the same size."""
+    if task not in (None, "classify"):
+        raise DataError("an image folder is a classification dataset: --task classify")
+    if not os.path.isdir(root):
+        raise DataError(f"--data-dir {root} is not a directory")
+    train, classes, skipped, headers = _scan(os.path.join(root, "train"))
+    val, _, skipped_val, headers_val = _scan(os.path.join(root, "val"), classes)
+    headers.update(headers_val)
+    size = parse_image_size(image_size) if image_size else None
+    if size is None:
+        sizes = {}
+        for path, ((w, h), _) in headers.items():
+            sizes.setdefault((h, w), path)
+        if len(sizes) > 1:
+            (a, pa), (b, pb) = list(sizes.items())[:2]
+            raise DataError(f"images differ in size ({a[1]}x{a[0]} {pa}, {b[1]}x{b[0]} {pb}): "
+                            "pass --image-size H[,W] to resize them")
+        size = next(iter(sizes))
+    channels = 1 if all(mode in GRAY_MODES for _, mode in headers.values()) else 3
+    skipped += skipped_val
+    if skipped:
+        print(f"gluon_gpu: skipped {len(skipped)} file(s) that are not images, e.g. {skipped[0]}", flush=True)
+
+    def arrays(items):
+        return (np.stack([decode(p, channels, size) for p, _ in items]),
+                np.array([label for _, label in items], dtype=np.int64))
+    return from_arrays(*arrays(train), *arrays(val), task="classify", classes=classes,
+                       dataset="folder", source=root)

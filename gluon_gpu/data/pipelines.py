@@ -1,0 +1,124 @@
+"""Input pipelines: arrays to per-device batches, in the same order for the same seed.
+
+* :class:`DevicePipeline` (``--pipeline device``, default): the samples are kept on every
+  device as stored (uint8 images stay uint8); each batch is a ``take`` by index on the
+  device, and the data's transform (``DataSpec.transform``) normalizes inside the
+  hybridized step. No Python work per sample. For data that fits in memory.
+* :class:`LoaderPipeline` (``--pipeline loader``): Gluon's ``DataLoader`` over any
+  ``gluon.data.Dataset``, host batches the step cuts over the devices, the same
+  in-graph transform. For the rest.
+"""
+import numpy as np
+from mxnet import gluon, nd
+
+from ..core.devices import shard_bounds
+from ..core.errors import UserError
+
+
+def epoch_order(n, seed, epoch, shuffle=True):
+    """The sample order of one epoch: a permutation drawn from (seed, epoch) alone,
+    so a resumed run and every pipeline see the same order without saved RNG state."""
+    if not shuffle:
+        return np.arange(n)
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+class DevicePipeline:
+    """Samples kept on every device; batches gathered by index on the device.
+
+    ``epoch(e)`` yields ``(data_shards, label_shards)``, one shard per device used, cut
+    by ``shard_bounds``. With ``members=K`` (an ensemble) member k draws its own order from
+    seed ``seed + k`` and shards gain a member axis after the batch axis: member k's
+    samples in column k.
+    """
+
+    def __init__(self, inputs, targets, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1)):
+        self.n, self.batch_size, self.ctx = len(inputs), batch_size, list(ctx)
+        self.seed, self.shuffle, self.members = seed, shuffle, members
+        self.rank, self.workers = shard
+        if self.workers > 1:  # equal steps on every worker: whole global batches only
+            self.n -= self.n % (batch_size * self.workers)
+            if self.n == 0:
+                raise UserError(f"{len(inputs)} samples do not fill one global batch of "
+                                f"{batch_size} x {self.workers} workers")
+        dtype = "uint8" if inputs.dtype == np.uint8 else "float32"
+        self._inputs = [nd.array(inputs, ctx=c, dtype=dtype) for c in self.ctx]
+        self._targets = [nd.array(targets, ctx=c, dtype="float32") for c in self.ctx]
+
+    def __len__(self):
+        return -(-self.n // (self.batch_size * self.workers))
+
+    def epoch(self, epoch, start_batch=0):
+        """Batches of epoch ``epoch``, from batch ``start_batch`` on (to resume mid-epoch).
+
+        With ``shard=(rank, workers)`` (a distributed job) every worker draws the same
+        global order and takes the rank-th slice of each global batch of
+        ``batch_size x workers``: the job sees exactly the batches one process with
+        ``workers`` times the devices would."""
+        total = len(self._inputs[0])
+        order = np.stack([epoch_order(total, self.seed + k, epoch, self.shuffle)[:self.n]
+                          for k in range(self.members)], axis=1).astype(np.int32)
+        if self.members == 1:
+            order = order[:, 0]
+        # The epoch's order goes to every device once; a batch is then views of it: no copy per batch.
+        on_device = [nd.array(order, ctx=c, dtype="int32") for c in self.ctx]
+        step = self.batch_size * self.workers
+        for start in range(start_batch * step, self.n, step):
+            lo = min(start + self.rank * self.batch_size, self.n)
+            hi = min(lo + self.batch_size, self.n)
+            shards = [idx[lo + a:lo + b] for (a, b), idx in zip(shard_bounds(hi - lo, len(self.ctx)), on_device)]
+            yield ([x.take(i) for x, i in zip(self._inputs, shards)],
+                   [y.take(i) for y, i in zip(self._targets, shards)])
+
+
+class _EpochSampler(gluon.data.Sampler):
+    """Batch sampler over :func:`epoch_order`; ``set_epoch`` picks the permutation."""
+
+    def __init__(self, n, batch_size, seed, shuffle):
+        self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
+        self.epoch, self.start_batch = 0, 0
+
+    def set_epoch(self, epoch, start_batch=0):
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def __iter__(self):
+        order = epoch_order(self.n, self.seed, self.epoch, self.shuffle)
+        for start in range(self.start_batch * self.batch_size, self.n, self.batch_size):
+            yield order[start:start + self.batch_size].tolist()
+
+    def __len__(self):
+        return -(-self.n // self.batch_size)
+
+
+class LoaderPipeline:
+    """Gluon's ``DataLoader`` over ``dataset`` (any ``gluon.data.Dataset`` of
+    ``(input, target)`` samples), in :func:`epoch_order`; yields host batches that the
+    step cuts over the devices."""
+
+    def __init__(self, dataset, batch_size, seed=0, shuffle=True, num_workers=0):
+        self.n = len(dataset)
+        self._sampler = _EpochSampler(self.n, batch_size, seed, shuffle)
+        self._loader = gluon.data.DataLoader(dataset, batch_sampler=self._sampler, num_workers=num_workers)
+
+    def __len__(self):
+        return len(self._sampler)
+
+    def epoch(self, epoch, start_batch=0):
+        self._sampler.set_epoch(epoch, start_batch)
+        return iter(self._loader)
+
+
+PIPELINES = ("device", "loader")
+
+
+def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
+                  members=1, shard=(0, 1)):
+    """The ``kind`` pipeline over arrays ``inputs`` and ``targets``."""
+    if kind == "loader":
+        if members > 1:
+            raise UserError("--ensemble needs --pipeline device")
+        if shard[1] > 1:
+            raise UserError("a distributed kvstore needs --pipeline device")
+        dataset = gluon.data.ArrayDataset(inputs, targets.astype(np.float32))
+        return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers)
+    return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard)

@@ -1,0 +1,80 @@
+"""Loading saved parameters onto any device: gluon_gpu's files (today's and older
+versions'), and files saved by the user's own code in either MXNet API."""
+import json
+import os
+
+import mxnet as mx
+
+from ..core.errors import ParamsError, UserError
+from ..core.modes import forward_zeros
+from ..core.params import assign_parameters, last_line, read_parameter_file
+from .init import fused_for
+from .lenet import upgrade_keys
+from .zoo import get_model
+
+DEFAULT_INPUT, DEFAULT_OUTPUTS = (1, 28, 28), 10  # FashionMNIST, where no run was recorded
+
+
+def recorded_run(params_path):
+    """What the run beside a params file recorded in its metrics.json: ``{'model',
+    'members', 'input_shape', 'outputs', 'data'}``; defaults (LeNet on FashionMNIST's
+    shape) where there is no such file."""
+    meta = os.path.join(os.path.dirname(os.path.abspath(params_path)), "metrics.json")
+    found = {"model": "lenet", "members": 1, "input_shape": DEFAULT_INPUT, "outputs": DEFAULT_OUTPUTS,
+             "data": None}
+    try:
+        with open(meta) as f:
+            record = json.load(f)
+        config = record["config"]
+        found.update(model=config["model"], members=int(config.get("ensemble", 1)))
+        if record.get("data"):  # runs before 0.2 trained on FashionMNIST only
+            found.update(input_shape=tuple(record["data"]["input_shape"]), outputs=record["data"]["outputs"],
+                         data=record["data"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return found
+
+
+def adapt_keys(model, members):
+    """The key map for ``model``'s files of older gluon_gpu versions, or None."""
+    return upgrade_keys if model == "lenet" and members == 1 else None
+
+
+def load_model(path, ctx=None, model=None, members=None, input_shape=None, outputs=None, fused_conv="auto"):
+    """Load saved parameters onto ``ctx`` (a Context or a list) and return the network.
+
+    ``model``, ``members`` (ensemble size), ``input_shape`` (one sample, channels first)
+    and ``outputs`` default to what the run recorded beside the file, else LeNet on
+    FashionMNIST's shape. Files saved in either MXNet API, by gluon_gpu or by the
+    tutorial's own LeNet, load. The network is built in the API in force. A missing or
+    corrupt file, or one of another architecture or shape, raises ParamsError."""
+    ctx = ctx if ctx is not None else mx.cpu()
+    ctx = ctx if isinstance(ctx, (list, tuple)) else [ctx]
+    run = recorded_run(path)
+    same = model is None or model == run["model"]
+    model = model or run["model"]
+    members = members or (run["members"] if same else 1)
+    input_shape = tuple(input_shape or run["input_shape"])
+    outputs = outputs or run["outputs"]
+    if not os.path.isfile(path):
+        raise ParamsError(f"parameter file {path} does not exist")
+    net = get_model(model, outputs, input_shape[0], members, fused_for(model, ctx, fused_conv))
+    what = f"an ensemble of {members} {model}" if members > 1 else model
+    arrays = read_parameter_file(path)
+    adapt = adapt_keys(model, members)
+    try:
+        assign_parameters(net, adapt(arrays) if adapt else arrays, ctx, path)
+        shape = (members * input_shape[0],) + input_shape[1:]
+        for c in ctx:  # deferred shapes are only checked by a forward pass
+            forward_zeros(net, shape, c).wait_to_read()
+    except ParamsError as e:
+        raise ParamsError(f"cannot load {path} as {what} for {_shape(input_shape)} inputs: "
+                          f"{str(e).split(': ', 1)[-1]}") from None
+    except (mx.base.MXNetError, AssertionError, ValueError, RuntimeError, UserError) as e:
+        raise ParamsError(f"cannot load {path} as {what} for {_shape(input_shape)} inputs: "
+                          f"{last_line(e)}") from None
+    return net
+
+
+def _shape(input_shape):
+    return "x".join(str(d) for d in input_shape)

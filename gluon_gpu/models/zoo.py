@@ -1,0 +1,40 @@
+"""Networks by name: the tutorial's LeNet, its seed-parallel ensemble, and gluoncv's
+model zoo (CIFAR-style and ImageNet-style classifiers), built for the data's channels
+(their first convolutions infer it) and output width."""
+from ..core.errors import UserError
+from .lenet import lenet
+
+# Named in --help; any other classifier of gluoncv's zoo works too.
+ZOO_EXAMPLES = ("cifar_resnet20_v1", "cifar_resnet56_v1", "cifar_wideresnet16_10", "resnet18_v1",
+                "resnet50_v1b", "mobilenet_v2_1.0", "mobilenet1.0")
+
+
+def zoo_names():
+    """Every model name gluoncv's zoo knows (imported lazily: gluoncv is slow to import)."""
+    from gluoncv import model_zoo
+    return model_zoo.get_model_list()
+
+
+def check_model_name(name):
+    if name != "lenet" and name not in zoo_names():
+        raise UserError(f"unknown model {name!r}: lenet or a gluoncv zoo classifier such as "
+                        + ", ".join(ZOO_EXAMPLES))
+
+
+def get_model(name="lenet", outputs=10, channels=1, members=1, fused=False):
+    """A fresh, uninitialized network by name: 'lenet' or a gluoncv zoo name; ``members
+    > 1``: an EnsembleLeNet of that many members. ``fused``: LeNet (or the ensemble) with
+    the fused conv operator (other networks ignore it)."""
+    check_model_name(name)
+    if members > 1:
+        if name != "lenet":
+            raise UserError(f"--ensemble supports lenet only, not {name}")
+        from .ensemble import EnsembleLeNet
+        return EnsembleLeNet(members, fused, channels, outputs)
+    if name == "lenet":
+        return lenet(outputs, channels, fused)
+    from gluoncv import model_zoo
+    try:
+        return model_zoo.get_model(name, classes=outputs)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"model {name} cannot be built as a classifier of {outputs} outputs: {e}") from None

@@ -1,0 +1,110 @@
+"""The run configuration: every flag a run has, declared once, with whether it may
+change on --resume. The train CLI, the benchmark and --resume all build a run from a
+:class:`RunConfig`; evaluate and predict take the flags they share with it from here."""
+import argparse
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Optional
+
+from ..core.buckets import DEFAULT_BUCKET_MB
+from ..core.kvstores import DTYPES, KVSTORES
+from ..data import DATASETS, PIPELINES
+from ..models.fused_conv import MODES
+from .cli import non_negative_float, non_negative_int, positive_float, positive_int, seed
+
+OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
+LR_MODES = ("constant", "step", "cosine", "poly", "linear")
+EPOCH_SHAPED_LR = ("cosine", "poly", "linear")  # laid out over --epochs
+TASKS = ("classify", "regress")
+
+
+def _flag(default, help, resumable=False, **argparse_kwargs):  # pylint: disable=redefined-builtin
+    """A RunConfig field: its default, --help text, whether --resume may change it, and
+    argparse options (type, choices, metavar, action)."""
+    return field(default=default, metadata={"help": help, "resumable": resumable, **argparse_kwargs})
+
+
+@dataclass
+class RunConfig:  # pylint: disable=too-many-instance-attributes
+    # where it runs (may change on resume)
+    devices: str = _flag("all", "device spec: all, cpu, cpu*N, gpu, gpu*N, gpu:I,J", True)
+    fused_conv: str = _flag("auto", "LeNet's conv+relu+pool as one compiled CPU operator: auto (on "
+                            "CPUs, when it builds), on, off", True, choices=MODES)
+    omp_threads: int = _flag(0, "OpenMP threads per CPU operator (sets OMP_NUM_THREADS; 0: as set, "
+                             "else MXNet's default of half the logical CPUs)", True, type=non_negative_int)
+    engine_threads: int = _flag(0, "MXNet engine worker threads per CPU context (sets "
+                                "MXNET_CPU_WORKER_NTHREADS; 0: as set, else 1)", True, type=non_negative_int)
+    bucket_mb: float = _flag(DEFAULT_BUCKET_MB, "several devices: gradients exchanged in contiguous buckets "
+                             "of up to this many MiB, one kvstore key each; 0: one key per parameter",
+                             True, type=non_negative_float)
+    num_workers: int = _flag(4, "DataLoader workers (--pipeline loader)", True, type=non_negative_int)
+    # the data
+    dataset: str = _flag("fashion-mnist", "fashion-mnist, folder (an image folder: --data-dir DIR with "
+                         "train/<class>/ and val/<class>/), npz (--data-dir FILE.npz with x_train, y_train, "
+                         "x_val, y_val)", choices=DATASETS)
+    data_dir: Optional[str] = _flag(None, "FashionMNIST's IDX files (default: $GLUON_GPU_DATA, the MXNet "
+                                    "cache, Debian's dataset-fashion-mnist), the image folder, or the .npz", True)
+    image_size: Optional[str] = _flag(None, "--dataset folder: resize images to H or H,W", metavar="H[,W]")
+    task: Optional[str] = _flag(None, "classify or regress (default: from the labels: integers classify)",
+                                choices=TASKS)
+    limit: Optional[int] = _flag(None, "use only the first N training samples", type=positive_int)
+    pipeline: str = _flag("device", "device: data on the devices, batches by index; loader: Gluon "
+                          "DataLoader", choices=PIPELINES)
+    # the model and its training
+    model: str = _flag("lenet", "lenet, or a gluoncv zoo classifier (cifar_resnet20_v1, resnet18_v1, "
+                       "mobilenet_v2_1.0, ...)")
+    ensemble: int = _flag(1, "train K LeNets fused in one network; member k uses seed + k",
+                          type=positive_int, metavar="K")
+    epochs: int = _flag(10, "epochs to train to", True, type=positive_int)
+    batch_size: int = _flag(256, "global batch size, split over the devices", type=positive_int)
+    lr: float = _flag(0.1, "base learning rate", type=positive_float)
+    optimizer: str = _flag("sgd", "optimizer", choices=OPTIMIZERS)
+    momentum: float = _flag(0.0, "sgd/nag only", type=non_negative_float)
+    wd: float = _flag(0.0, "weight decay", type=non_negative_float)
+    lr_mode: str = _flag("constant", "gluoncv LRScheduler mode, stepped per batch", choices=LR_MODES)
+    lr_decay: float = _flag(0.1, "factor at each --lr-decay-epoch", type=positive_float)
+    lr_decay_epoch: str = _flag("", "comma-separated epochs for --lr-mode step, e.g. 6,8")
+    seed: int = _flag(0, "seeds initialization and the shuffle order", type=seed)
+    hybridize: bool = _flag(True, "run the step as a static hybridized graph",
+                            action=argparse.BooleanOptionalAction)
+    kvstore: Optional[str] = _flag(None, "gradient aggregation (default: device on GPUs, local on CPUs)",
+                                   choices=KVSTORES)
+    dtype: str = _flag("float32", "float16: GPUs only", choices=DTYPES)
+    # bookkeeping
+    out: Optional[str] = _flag(None, "run directory (default runs/<timestamp>)")
+    log_interval: int = _flag(50, "batches between loss reads", True, type=positive_int)
+    save_period: int = _flag(1, "epochs between checkpoints", True, type=positive_int)
+    keep: int = _flag(3, "checkpoints kept", True, type=positive_int)
+    quiet: bool = _flag(False, "no progress bar", True, action="store_true")
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values):
+        """A config from a saved one; fields it predates take their defaults."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+RESUMABLE = frozenset(f.name for f in fields(RunConfig) if f.metadata["resumable"])
+ALL_FLAGS = tuple(f.name for f in fields(RunConfig))
+# The flags every command shares (evaluate and predict add their own).
+COMMON_FLAGS = ("devices", "fused_conv", "omp_threads", "engine_threads", "batch_size", "data_dir", "quiet")
+
+
+def flag_name(name):
+    return "--" + name.replace("_", "-")
+
+
+def add_flags(parser, names=ALL_FLAGS, many=(), defaults=None):
+    """Add RunConfig's flags ``names`` to ``parser``; ``many``: flags that take several
+    values (the benchmark compares them); ``defaults``: other defaults by name."""
+    by_name = {f.name: f for f in fields(RunConfig)}
+    for name in names:
+        f = by_name[name]
+        meta = {k: v for k, v in f.metadata.items() if k not in ("help", "resumable")}
+        default = (defaults or {}).get(name, f.default if f.default is not MISSING else None)
+        if name in many:
+            meta["nargs"] = "+"
+            default = None if default is None else [default]
+        parser.add_argument(flag_name(name), dest=name, default=default, help=f.metadata["help"], **meta)

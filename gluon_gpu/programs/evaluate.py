@@ -1,0 +1,63 @@
+"""python -m gluon_gpu.evaluate: load saved parameters onto any device and report the
+validation loss and metrics of the run's task, on the run's own validation data."""
+from ..core.devices import describe, devices
+from ..core.heads import head_for
+from ..core.parallel import DataParallel
+from ..data import DataSpec, DevicePipeline, load_dataset
+from ..models import load_model, recorded_run
+from .cli import Parser, check_batch, main_guard, parse_args
+from .config import COMMON_FLAGS, add_flags
+
+
+def build_parser():
+    p = Parser(prog="gluon_gpu.evaluate", description=__doc__)
+    add_flags(p, COMMON_FLAGS)
+    p.add_argument("--params", required=True,
+                   help="a parameter file (gluon_gpu's net.params, or saved by your own code)")
+    p.add_argument("--model", default=None, help="network (default: the one the run recorded, else lenet)")
+    return p
+
+
+def recorded_spec(params_path):
+    """The DataSpec of the run beside a params file; None for a file without a run
+    (then FashionMNIST, the tutorial's data)."""
+    data = recorded_run(params_path)["data"]
+    return DataSpec.from_dict(data) if data else None
+
+
+def validation_data(spec, data_dir=None):
+    """The validation split the run recorded (``data_dir`` overrides where it lives)."""
+    if spec is None or spec.dataset == "fashion-mnist":
+        return load_dataset("fashion-mnist", data_dir)
+    size = ",".join(map(str, spec.input_shape[1:])) if spec.dataset == "folder" else None
+    data = load_dataset(spec.dataset, data_dir or spec.source, size, spec.task)
+    spec.check_compatible(data.spec, f"the data in {data_dir or spec.source}")
+    return data
+
+
+def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_conv="auto"):
+    """``{'loss', <metric>...}`` on the validation split for the parameters in ``path``
+    loaded onto ``ctx``."""
+    spec = recorded_spec(path)
+    data = validation_data(spec, data_dir)
+    spec = spec or data.spec
+    net = load_model(path, ctx, model, input_shape=spec.input_shape, outputs=spec.outputs, fused_conv=fused_conv)
+    members = getattr(net, "members", 1)
+    dp = DataParallel(net, ctx, head=head_for(spec.task, spec.outputs), transform=spec.transform(members))
+    return dp.evaluate(DevicePipeline(data.val_x, data.val_y, batch_size, ctx, shuffle=False,
+                                      members=members).epoch(0))
+
+
+@main_guard("gluon_gpu.evaluate")
+def main(argv=None):
+    args = parse_args(build_parser(), argv)
+    run = recorded_run(args.params)
+    model = args.model or run["model"]
+    with devices(args.devices) as ctx:
+        check_batch(args.batch_size, ctx)
+        result = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv)
+    what = f"ensemble of {run['members']} {model}" if run["members"] > 1 and not args.model else model
+    figures = "  ".join(f"{name} {value:.4f}" for name, value in result.items()
+                        if name != "samples" and not name.startswith("member_"))
+    print(f"{args.params}: {what} validation {figures} on {describe(ctx)} ({result['samples']} samples)")
+    return 0

@@ -1,0 +1,137 @@
+"""python -m gluon_gpu.predict: predict with saved parameters, for image files, IDX
+entries or rows of an .npz array.
+
+    python -m gluon_gpu.predict --params runs/RUN/net.params shoe.png shirt.jpg
+    python -m gluon_gpu.predict --params runs/RUN/net.params --idx t10k-images-idx3-ubyte.gz --index 0:10
+    python -m gluon_gpu.predict --params runs/RUN/net.params --npz data.npz --index 0:5
+
+Images are read with Pillow, converted to the run's channels (grayscale or colour),
+resized to its input size and normalized exactly as in training. Classification prints
+class names and probabilities; regression the predicted values.
+"""
+import json
+import os
+
+import numpy as np
+from mxnet import nd
+
+from ..core.devices import devices, gpu_count, split_batch
+from ..core.errors import DataError, UserError
+from ..core.heads import head_for
+from ..core.modes import call
+from ..data.fashion_mnist import fashion_spec, read_idx
+from ..data.images import decode
+from ..models import load_model
+from .cli import Parser, main_guard, parse_args
+from .config import add_flags
+from .evaluate import recorded_spec
+
+def build_parser():
+    p = Parser(prog="gluon_gpu.predict", description=__doc__)
+    add_flags(p, ("devices", "fused_conv", "omp_threads", "engine_threads"), defaults={"devices": None})
+    p.add_argument("--params", required=True, help="a parameter file (gluon_gpu's net.params or your own)")
+    p.add_argument("--model", default=None, help="network (default: the one the run recorded, else lenet)")
+    p.add_argument("--idx", help="an IDX images file (.gz or not) to predict entries of")
+    p.add_argument("--npz", help="an .npz file: predict rows of its x_val (else x) array")
+    p.add_argument("--index", default="0:10", help="with --idx/--npz: START:STOP or one index")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("images", nargs="*", help="image files (PNG, JPEG, ...)")
+    return p
+
+
+def parse_index(text, n):
+    try:
+        if ":" in text:
+            start, stop = (int(t) if t else None for t in text.split(":", 1))
+            rows = range(n)[slice(start, stop)]
+        else:
+            i = int(text)
+            rows = range(n)[i:i + 1] if -n <= i < n else range(0)
+    except ValueError:
+        raise UserError(f"--index {text!r}: expected START:STOP or an index") from None
+    if len(rows) == 0:
+        raise UserError(f"--index {text!r} selects nothing from {n} rows")
+    return list(rows)
+
+
+def predict(net, inputs, ctx, spec):
+    """Outputs for stored-format inputs ``(N, *spec.input_shape)``, cut over ``ctx``:
+    class probabilities (classification) or predictions (regression); an ensemble
+    gives its combined output (the mean softmax, or the mean prediction)."""
+    members = getattr(net, "members", 1)
+    batch = nd.array(inputs, dtype="uint8" if spec.dtype == "uint8" else "float32")
+    if members > 1:  # every member sees every input
+        batch = batch.expand_dims(1).broadcast_to((len(inputs), members) + batch.shape[1:])
+    head, transform = head_for(spec.task, spec.outputs), spec.transform(members)
+    transform.initialize(ctx=ctx)
+    outs = []
+    for x in split_batch(batch, ctx):
+        out = call(net, transform(x))
+        if members > 1:
+            out = head.combine(nd, out)
+        outs.append(nd.softmax(out, axis=-1) if spec.task == "classify" else out)
+    return np.concatenate([o.asnumpy() for o in outs])
+
+
+def _inputs(args, spec):
+    given = [bool(args.idx), bool(args.npz), bool(args.images)]
+    if sum(given) > 1:
+        raise UserError("give image files, --idx or --npz, not several")
+    if args.idx:
+        images = read_idx(args.idx, 3)[:, None]
+        rows = parse_index(args.index, len(images))
+        return [f"{args.idx}[{i}]" for i in rows], _fit(images[rows], spec, args.idx)
+    if args.npz:
+        try:
+            with np.load(args.npz, allow_pickle=False) as f:
+                key = "x_val" if "x_val" in f.files else "x"
+                x = f[key]
+        except (OSError, ValueError, KeyError, EOFError) as e:
+            raise DataError(f"cannot read {args.npz} as .npz with an x_val or x array: {e}") from None
+        x = x[:, None] if x.ndim == 3 else x
+        rows = parse_index(args.index, len(x))
+        return [f"{args.npz}[{i}]" for i in rows], _fit(x[rows], spec, args.npz)
+    if not args.images:
+        raise UserError("nothing to predict: give image files, --idx FILE or --npz FILE")
+    if len(spec.input_shape) != 3:
+        raise UserError(f"this run takes {spec.input_shape[0]} features, not images: use --npz")
+    for path in args.images:
+        if not os.path.isfile(path):
+            raise UserError(f"{path}: no such file")
+    size = spec.input_shape[1:]
+    return list(args.images), np.stack([decode(p, spec.channels, size) for p in args.images])
+
+
+def _fit(x, spec, source):
+    if tuple(x.shape[1:]) != tuple(spec.input_shape):
+        raise DataError(f"{source} holds samples of shape {x.shape[1:]}; this run takes {tuple(spec.input_shape)}")
+    return x
+
+
+def describe_output(name, values, spec):
+    if spec.task == "classify":
+        names = spec.classes or [str(i) for i in range(len(values))]
+        best = int(values.argmax())
+        return {"input": name, "class": names[best], "index": best, "probability": float(values[best]),
+                "probabilities": [float(v) for v in values]}
+    return {"input": name, "prediction": [float(v) for v in np.ravel(values)]}
+
+
+@main_guard("gluon_gpu.predict")
+def main(argv=None):
+    args = parse_args(build_parser(), argv)
+    spec = recorded_spec(args.params) or fashion_spec()  # a file without a run: the tutorial's LeNet
+    names, inputs = _inputs(args, spec)
+    with devices(args.devices or ("gpu:0" if gpu_count() else "cpu")) as ctx:
+        net = load_model(args.params, ctx, args.model, input_shape=spec.input_shape, outputs=spec.outputs,
+                         fused_conv=args.fused_conv)
+        outputs = predict(net, inputs, ctx, spec)
+    results = [describe_output(name, values, spec) for name, values in zip(names, outputs)]
+    if args.json:
+        print(json.dumps(results, indent=2))
+    for r in results if not args.json else []:
+        if "class" in r:
+            print(f"{r['input']}: {r['class']} ({r['probability']:.3f})")
+        else:
+            print(f"{r['input']}: " + " ".join(f"{v:.4f}" for v in r["prediction"]))
+    return 0

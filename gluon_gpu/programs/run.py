@@ -1,0 +1,86 @@
+"""Assembling a run from a :class:`RunConfig`: data, network, pipelines and the
+DataParallel step. Shared by train (and --resume) and bench."""
+from dataclasses import dataclass
+
+import mxnet as mx
+
+from ..core.errors import UserError
+from ..core.heads import head_for
+from ..core.kvstores import check_options
+from ..core.parallel import DataParallel
+from ..data import Dataset, DataSpec, load_dataset, make_pipeline
+from ..models import init_model
+from .cli import MAX_SEED, check_batch
+from .config import RunConfig
+
+
+@dataclass
+class Run:
+    dp: DataParallel
+    train: object
+    val: object
+    data: Dataset
+
+
+def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, saved_spec=None):
+    """Data, network and DataParallel for ``config`` on ``ctx``.
+
+    ``data``: a loaded :class:`Dataset` (default: ``config``'s dataset); ``model``: a
+    user's Block instead of ``config.model``. ``saved_spec``: the spec a resumed run
+    recorded; the data must match it. With a distributed kvstore each worker trains on
+    its shard of every global batch (``--batch-size`` is per worker). ``exchange=False``:
+    the benchmark's baseline without the gradient exchange."""
+    check_batch(config.batch_size, ctx)
+    check_options(ctx, config.kvstore, config.dtype)  # before any data is read
+    if config.seed + config.ensemble - 1 > MAX_SEED:
+        raise UserError(f"--seed {config.seed} with --ensemble {config.ensemble}: member seeds pass {MAX_SEED}")
+    data = data or load_dataset(config.dataset, config.data_dir, config.image_size, config.task, config.limit)
+    spec = data.spec
+    if saved_spec is not None:
+        DataSpec.from_dict(saved_spec).check_compatible(spec, f"the data ({spec.source})")
+        spec = DataSpec.from_dict(saved_spec)  # the run's normalization, not a recomputed one
+    store = mx.kv.create(config.kvstore) if config.kvstore and config.kvstore.startswith("dist") else None
+    shard = (store.rank, store.num_workers) if store else (0, 1)
+    net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, config.ensemble,
+                     config.fused_conv)
+    pipes = [make_pipeline(config.pipeline, x, y, config.batch_size, ctx, config.seed, shuffle=train,
+                           num_workers=config.num_workers, members=config.ensemble, shard=shard if train else (0, 1))
+             for x, y, train in ((data.train_x, data.train_y, True), (data.val_x, data.val_y, False))]
+    dp = DataParallel(net, ctx, config.optimizer, optimizer_params(config, len(pipes[0])),
+                      kvstore=store or config.kvstore, head=head_for(spec.task, spec.outputs),
+                      transform=spec.transform(config.ensemble), hybridize=config.hybridize,
+                      dtype=config.dtype, batch_size=config.batch_size,
+                      bucket_bytes=int(config.bucket_mb * 2**20), exchange=exchange)
+    return Run(dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec))
+
+
+def optimizer_params(config, iters_per_epoch):
+    params = {"learning_rate": config.lr, "wd": config.wd}
+    if config.optimizer in ("sgd", "nag"):
+        params["momentum"] = config.momentum
+    elif config.momentum:
+        raise UserError(f"--momentum applies to sgd and nag, not {config.optimizer}")
+    if config.lr_mode != "constant":
+        if config.epochs * iters_per_epoch < 2:
+            raise UserError(f"--lr-mode {config.lr_mode} needs at least 2 updates (epochs x batches)")
+        from gluoncv.utils import LRScheduler
+        steps = _epochs_list(config.lr_decay_epoch) if config.lr_mode == "step" else None
+        # gluoncv clamps the update count to its last iteration, niters - 1, but MXNet
+        # counts updates from 1: the last step of a run ending at a decay epoch missed the
+        # decay, unlike the same step of a longer run (a resume with more --epochs).
+        # A step schedule is shaped by its decay epochs alone: lay it out past them.
+        nepochs = max([config.epochs] + steps) + 1 if steps else config.epochs
+        params["lr_scheduler"] = LRScheduler(config.lr_mode, base_lr=config.lr, nepochs=nepochs,
+                                             iters_per_epoch=iters_per_epoch, step_epoch=steps,
+                                             step_factor=config.lr_decay)
+    return params
+
+
+def _epochs_list(text):
+    try:
+        epochs = [int(e) for e in text.split(",") if e.strip()]
+    except ValueError:
+        raise UserError(f"--lr-decay-epoch {text!r}: expected comma-separated epochs like 6,8") from None
+    if not epochs:
+        raise UserError("--lr-mode step needs --lr-decay-epoch, e.g. 6,8")
+    return epochs

@@ -1,0 +1,253 @@
+"""python -m gluon_gpu.train: data-parallel training (LeNet on FashionMNIST by default;
+any zoo model, image folder or npz data, classification or regression)."""
+import argparse
+import os
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import replace
+
+import mxnet as mx
+
+from .. import __version__
+from ..core.callbacks import CurvesPlot, EpochPrinter, MetricsFile
+from ..core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..core.devices import describe, devices, thread_settings
+from ..core.errors import DivergedError, UserError
+from ..core.kvstores import default_kvstore
+from ..core.loop import Interrupted, StopFlag, fit
+from ..core.params import ParamSnapshot, save_parameters
+from ..models.fused_conv import is_fused
+from ..models.loading import adapt_keys
+from .cli import Parser, main_guard, parse_args, progress_enabled
+from .config import EPOCH_SHAPED_LR, RESUMABLE, RunConfig, add_flags, flag_name
+from .run import build_run
+
+
+def build_parser():
+    p = Parser(prog="gluon_gpu.train", description=__doc__)
+    add_flags(p)
+    p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue RUN_DIR from its latest complete checkpoint")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check flags, devices and data, print the plan, train nothing")
+    return p
+
+
+def explicit_flags(argv):
+    """The destinations the user actually typed (not defaults)."""
+    probe = build_parser()
+    for action in probe._actions:  # pylint: disable=protected-access
+        action.default = argparse.SUPPRESS
+    return vars(probe.parse_args(argv))
+
+
+def resume_config(argv, run_dir):
+    """``(config, checkpoint dir, state)``: the saved configuration of ``run_dir`` with
+    the resumable flags of ``argv`` applied; other flags must agree with it."""
+    ckpt_dir, state = latest_checkpoint(run_dir)
+    if state is None:
+        raise UserError(f"--resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints")
+    config = RunConfig.from_dict(state["config"])
+    changes = {}
+    for name, value in explicit_flags(argv).items():
+        if name in ("resume", "dry_run"):
+            continue
+        if name not in RESUMABLE and getattr(config, name) != value:
+            raise UserError(f"{flag_name(name)} {value} differs from the run's {getattr(config, name)}; on "
+                            "--resume only " + ", ".join(flag_name(n) for n in sorted(RESUMABLE)) + " may change")
+        if name == "epochs" and value != config.epochs and config.lr_mode in EPOCH_SHAPED_LR:
+            raise UserError(f"--epochs cannot change on --resume with --lr-mode {config.lr_mode}: "
+                            "that schedule is laid out over the run's epochs")
+        changes[name] = value
+    return replace(config, **changes, out=run_dir), ckpt_dir, state
+
+
+def prepare_out_dir(path):
+    """The run directory (default runs/<timestamp>); refuse one that already holds a run."""
+    path = path or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    for name in ("net.params", "metrics.json", "checkpoints"):
+        if os.path.exists(os.path.join(path, name)):
+            raise UserError(f"--out {path} already holds a run ({name}); choose another directory "
+                            "or continue it with --resume")
+    return path
+
+
+def check_writable(path):
+    """Create ``path`` and prove it writable before any training is done."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise UserError(f"cannot write to run directory {path}: {e.strerror or e}") from None
+
+
+def buckets_plan(dp, config):
+    """', gradient buckets <= 4 MiB' part of the plan line: how the gradients are exchanged."""
+    if len(dp.ctx) == 1 and dp.num_workers == 1:
+        return ""
+    return f", gradient buckets <= {config.bucket_mb:g} MiB" if dp.bucketing else ", a key per parameter"
+
+
+def cpu_threads(ctx):
+    """' (1 OpenMP thread per op, 1 engine worker per context)' for CPU devices."""
+    if ctx[0].device_type != "cpu":
+        return ""
+    t = thread_settings()
+    return (f" ({t['omp_threads']} OpenMP thread{'s' * (t['omp_threads'] > 1)} per op, "
+            f"{t['engine_threads']} engine worker{'s' * (t['engine_threads'] > 1)} per context)")
+
+
+class Checkpointer:
+    """Callback: a checkpoint every ``period`` epochs and at the end (see checkpoint.py)."""
+
+    def __init__(self, out, dp, batches_per_epoch, record, config, chief=True):
+        self.out, self.dp, self.batches, self.record = out, dp, batches_per_epoch, record
+        self.config, self.chief = config, chief
+        self.last = None
+
+    def save(self, epoch, batch, history, seconds=0.0):
+        """Write a checkpoint (rank 0 of a distributed job only) and return its directory."""
+        if not self.chief:
+            return None
+        state = {"step": epoch * self.batches + batch, "epoch": epoch, "batch": batch,
+                 "seconds": seconds, "metrics": self.dp.metric_state(), "history": history, **self.record}
+        self.last = save_checkpoint(self.out, self.dp, state, self.config.keep)
+        return self.last
+
+    def on_epoch_end(self, record, history):
+        if record["epoch"] % self.config.save_period == 0 or record["epoch"] == self.config.epochs:
+            self.save(record["epoch"], 0, history)
+
+
+class _KeepLastGood:
+    """Callback: a host snapshot of the parameters after every finished epoch."""
+
+    def __init__(self, net, epoch):
+        self.net, self.epoch = net, epoch
+        self.snapshot = ParamSnapshot(net)
+
+    def on_epoch_end(self, record, history):
+        self.snapshot, self.epoch = ParamSnapshot(self.net), record["epoch"]
+
+    def describe(self):
+        return f"epoch {self.epoch}" if self.epoch else "the initialization (no epoch finished)"
+
+
+def plan_line(config, run, ctx, out):
+    dp = run.dp
+    what = f"{config.ensemble} x {config.model}" if config.ensemble > 1 else config.model
+    what += " (fused conv+relu+pool)" if is_fused(dp.net) else ""
+    workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
+    spec = run.data.spec
+    task = (f"{len(spec.classes)} classes" if spec.task == "classify" else f"regression of {spec.outputs}")
+    return (f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers}{cpu_threads(ctx)} | "
+            f"kvstore {config.kvstore or default_kvstore(ctx)}{buckets_plan(dp, config)} | batch "
+            f"{config.batch_size} ({config.batch_size // len(ctx)}+ per device) | {spec.dataset} "
+            f"{'x'.join(map(str, spec.input_shape))}, {task}, {run.train.n} samples from {spec.source} | out {out}")
+
+
+def upgrade_metric_state(metrics, width):
+    """Metric sums of checkpoints before 0.2 ({'loss', 'correct'} per device) as today's
+    vectors; metrics they did not keep (top-5) start from 0 for the rest of that epoch."""
+    if "sums" in metrics:
+        return metrics
+    sums = [loss + correct for loss, correct in zip(metrics["loss"], metrics["correct"])]
+    return {"sums": [s + [0.0] * (width - len(s)) for s in sums], "samples": metrics["samples"]}
+
+
+@main_guard("gluon_gpu.train")
+def main(argv=None):
+    args = parse_args(build_parser(), argv)
+    ckpt_dir = state = None
+    config = RunConfig.from_dict(vars(args))
+    if args.resume:
+        config, ckpt_dir, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
+    with devices(config.devices) as ctx:
+        out = config.out if args.resume else prepare_out_dir(config.out)
+        run = build_run(config, ctx, saved_spec=(state or {}).get("data"))  # checks batch, options, data first
+        dp = run.dp
+        chief = dp.rank == 0  # in a distributed job only rank 0 writes and prints
+        if chief and not args.dry_run:
+            check_writable(out)
+        if chief:
+            print(plan_line(config, run, ctx, out), flush=True)
+        if args.dry_run:
+            return 0
+        start_epoch = start_batch = 0
+        seconds_before, history = 0.0, []
+        if state is not None:
+            load_checkpoint(ckpt_dir, dp, adapt_keys(config.model, config.ensemble))
+            dp.load_metric_state(upgrade_metric_state(state["metrics"], dp.sums.width))
+            start_epoch, start_batch = state["epoch"], state["batch"]
+            seconds_before, history = state["seconds"], state["history"]
+            if start_epoch >= config.epochs:
+                print(f"{out} already finished {start_epoch} epochs; pass --epochs N to train more")
+                return 0
+            if chief:
+                print(f"resuming from {ckpt_dir} (epoch {start_epoch + 1}, batch {start_batch + 1})")
+        code = _train(config, ctx, out, run, history, start_epoch, start_batch, seconds_before,
+                      chief, resumed=state is not None, progress=progress_enabled(args))
+        _save_replica(dp)
+        return code
+
+
+def _save_replica(dp):
+    """Debugging aid for distributed jobs: with $GLUON_GPU_REPLICA_DIR set, every worker
+    saves its final parameters there as rank-N.params (replicas must agree)."""
+    directory = os.environ.get("GLUON_GPU_REPLICA_DIR")
+    if directory and dp.distributed:
+        os.makedirs(directory, exist_ok=True)
+        save_parameters(dp.net, os.path.join(directory, f"rank-{dp.rank}.params"))
+
+
+def _train(config, ctx, out, run, history, start_epoch, start_batch, seconds_before, chief, resumed, progress):
+    dp = run.dp
+    record = {"config": config.to_dict(), "data": run.data.spec.to_dict()}
+    header = {**record, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
+              "fused_conv": is_fused(dp.net), "mxnet": mx.__version__, "gluon_gpu": __version__}
+    callbacks = [EpochPrinter(config.epochs, lambda line: print(line, flush=True)),
+                 MetricsFile(os.path.join(out, "metrics.json"), header),
+                 CurvesPlot(os.path.join(out, "curves.png"))] if chief else []
+    checkpointer = Checkpointer(out, dp, len(run.train), record, config, chief)
+    last_good = _KeepLastGood(dp.net, start_epoch)
+    if not resumed:  # from here on a kill at any moment leaves something to resume
+        checkpointer.save(0, 0, [])
+    stop = StopFlag()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop.request)
+    status = "finished"
+    try:
+        fit(dp, run.train, run.val, config.epochs, callbacks + [checkpointer, last_good],
+            start_epoch, start_batch, config.log_interval, progress, history, stop, seconds_before)
+    except Interrupted as e:
+        status = "interrupted"
+        where = checkpointer.save(e.epoch, e.batch, history, e.seconds)
+        for cb in callbacks:
+            cb.on_train_end(history, status)
+        name = signal.Signals(stop.signum).name
+        print(f"gluon_gpu.train: {name}: stopped in epoch {e.epoch + 1} after batch {e.batch}; "
+              f"checkpoint {where}; resume with: python -m gluon_gpu.train --resume {shlex.quote(out)}",
+              file=sys.stderr)
+        return 128 + stop.signum
+    except DivergedError as e:
+        if chief:
+            last_good.snapshot.save(os.path.join(out, "net.params"))
+        for cb in callbacks:
+            cb.on_train_end(history, "diverged")
+        kept = f"; last good checkpoint {checkpointer.last}" if checkpointer.last else ""
+        raise DivergedError(f"{e}; kept the parameters of {last_good.describe()} in "
+                            f"{out}/net.params{kept}; try a lower --lr") from None
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if chief:
+        save_parameters(dp.net, os.path.join(out, "net.params"))
+        for cb in callbacks:
+            cb.on_train_end(history, status)
+        print(f"saved {out}/net.params, {out}/metrics.json, {out}/curves.png, checkpoints in {out}/checkpoints")
+    return 0
+
