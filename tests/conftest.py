@@ -39,3 +39,39 @@ def param_arrays(net):
 def _seeded():
     mx.random.seed(0)
     np.random.seed(0)
+
+
+FOLDER_CLASSES = ("hstripes", "square", "vstripes")
+
+
+def pattern(kind, size, rng):
+    """A noisy colour image of one of three patterns, uint8 (size, size, 3)."""
+    yy, xx = np.mgrid[:size, :size]
+    period = rng.integers(4, 8)
+    if kind == "hstripes":
+        mask = (yy // (period // 2)) % 2 == 0
+    elif kind == "vstripes":
+        mask = (xx // (period // 2)) % 2 == 0
+    else:
+        lo, hi = rng.integers(4, size // 3), rng.integers(2 * size // 3, size - 4)
+        mask = (yy >= lo) & (yy < hi) & (xx >= lo) & (xx < hi)
+    colour = rng.integers(120, 256, 3)
+    img = np.where(mask[..., None], colour, rng.integers(0, 60, 3)) + rng.normal(0, 20, (size, size, 3))
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def make_image_folder(root, per_class=(60, 20), size=32, seed=0):
+    """DIR/train/<class>/*.png and DIR/val/<class>/*.png of three learnable patterns."""
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    for split, count in zip(("train", "val"), per_class):
+        for kind in FOLDER_CLASSES:
+            os.makedirs(os.path.join(root, split, kind), exist_ok=True)
+            for i in range(count):
+                Image.fromarray(pattern(kind, size, rng)).save(os.path.join(root, split, kind, f"{i}.png"))
+    return str(root)
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory):
+    return make_image_folder(tmp_path_factory.mktemp("folder") / "shapes")

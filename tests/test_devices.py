@@ -12,7 +12,7 @@ from gluon_gpu.core.errors import DeviceError, UserError
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The package exports the context manager as gluon_gpu.devices, shadowing the module name.
-dev = importlib.import_module("gluon_gpu.devices")
+dev = importlib.import_module("gluon_gpu.core.devices")
 
 
 @pytest.fixture

@@ -13,11 +13,11 @@ from gluon_gpu.models.ensemble import EnsembleLeNet, combine_members, extract_me
 from gluon_gpu.models.fused_conv import is_fused
 from gluon_gpu.models import init_model
 
-from conftest import param_arrays, read_metrics
+from conftest import fashion_transform, param_arrays, read_metrics
 
 
 def train_steps(net, ctx, pipeline, optimizer, params, steps):
-    dp = DataParallel(net, ctx, optimizer, dict(params), normalize_in_graph=True)
+    dp = DataParallel(net, ctx, optimizer, dict(params), transform=fashion_transform(getattr(net, "members", 1)))
     batches = pipeline.epoch(0)
     for _ in range(steps):
         dp.step(*next(batches))
@@ -66,12 +66,12 @@ def test_extract_combine_round_trip_preserves_predictions_exactly(train_slice):
     ctx = [mx.cpu()]
     ens = init_model("lenet", 0, ctx, members=4)
     x = nd.array((train_slice[0][:32].astype(np.float32) / 255 - 0.13) / 0.31)
-    fused_input = x.expand_dims(1).broadcast_to((32, 4, 28, 28))
+    fused_input = x.broadcast_to((32, 4, 28, 28))
     out = ens(fused_input).asnumpy()
     assert out.shape == (32, 4, 10)
     members = [extract_member(ens, k) for k in range(4)]
     for k, net in enumerate(members):
-        np.testing.assert_allclose(net(x.expand_dims(1)).asnumpy(), out[:, k], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(net(x).asnumpy(), out[:, k], rtol=1e-5, atol=1e-5)
     again = combine_members(members, fused=is_fused(ens))  # the same implementation: exactly
     np.testing.assert_array_equal(again(fused_input).asnumpy(), out)
     with pytest.raises(IndexError):
@@ -113,7 +113,7 @@ def test_member_extracted_from_a_run_evaluates_with_the_normal_paths(ensemble_ru
     path = str(tmp_path / "member2.params")
     extract_member(ens, 2).save_parameters(path)
     assert evaluate.main(["--params", path, "--devices", "cpu"]) == 0
-    acc = float(capsys.readouterr().out.split("test accuracy ")[1].split()[0])
+    acc = float(capsys.readouterr().out.split(" acc ")[1].split()[0])
     assert acc == pytest.approx(read_metrics(ensemble_run)["epochs"][0]["member_val_acc"][2], abs=1e-4)
 
 
@@ -122,7 +122,7 @@ def test_evaluate_and_predict_understand_ensemble_runs(ensemble_run, tmp_path, c
     assert evaluate.main(["--params", params, "--devices", "cpu"]) == 0
     printed = capsys.readouterr().out
     assert "ensemble of 4 lenet" in printed
-    assert float(printed.split("test accuracy ")[1].split()[0]) == pytest.approx(
+    assert float(printed.split(" acc ")[1].split()[0]) == pytest.approx(
         read_metrics(ensemble_run)["epochs"][0]["val_acc"], abs=1e-4)
     idx = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
     assert predict.main(["--params", params, "--idx", idx, "--index", "0:3"]) == 0

@@ -15,7 +15,7 @@ from gluon_gpu.core.errors import UserError
 from gluon_gpu.models import init_model, load_model
 from gluon_gpu.core.parallel import DataParallel
 from gluon_gpu.core.params import save_parameters
-from conftest import param_arrays, read_metrics
+from conftest import fashion_transform, param_arrays, read_metrics
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -137,7 +137,7 @@ def test_fused_and_standard_lenet_train_alike_on_two_contexts(train_slice):
     for mode in ("off", "on"):
         net = init_model("lenet", 0, ctx, fused_conv=mode)
         start = param_arrays(net)
-        dp = DataParallel(net, ctx, "sgd", {"learning_rate": 0.03, "momentum": 0.5}, normalize_in_graph=True)
+        dp = DataParallel(net, ctx, "sgd", {"learning_rate": 0.03, "momentum": 0.5}, transform=fashion_transform())
         losses = [dp.step(xs, ys).asscalar() for xs, ys in DevicePipeline(x, y, 256, ctx).epoch(0)]
         results.append((losses, param_arrays(net)))
     (plain_loss, plain), (fast_loss, fast) = results

@@ -67,7 +67,7 @@ class DataParallel:
             if dtype != "float32":
                 net.cast(dtype)
         if transform is not None:  # its constants (per-channel normalization) on the devices
-            _place(transform, self.ctx, None)
+            _place(transform, self.ctx, mx.init.Uniform())  # constants keep their own values
         params = dict(optimizer_params or {})
         if dtype == "float16":
             params.setdefault("multi_precision", True)

@@ -47,11 +47,11 @@ def read_parameter_file(path):
         loaded = _load(path, is_np=False)
     except mx.base.MXNetError as e:
         if "np shape semantics" not in str(e) and "is_np_shape" not in str(e):
-            raise ParamsError(f"cannot read {path}: {last_line(e)}") from None
+            raise ParamsError(f"cannot load {path}: {last_line(e)}") from None
         try:
             loaded = _load(path, is_np=True)
         except mx.base.MXNetError as e2:
-            raise ParamsError(f"cannot read {path}: {last_line(e2)}") from None
+            raise ParamsError(f"cannot load {path}: {last_line(e2)}") from None
     if not isinstance(loaded, dict) or not loaded:
         raise ParamsError(f"{path} holds no named parameters")
     return {name: legacy(array) for name, array in loaded.items()}

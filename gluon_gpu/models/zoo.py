@@ -3,6 +3,9 @@ model zoo (CIFAR-style and ImageNet-style classifiers), built for the data's cha
 (their first convolutions infer it) and output width."""
 from ..core.errors import UserError
 from .lenet import lenet
+from .mlp import mlp
+
+OWN_MODELS = ("lenet", "mlp")
 
 # Named in --help; any other classifier of gluoncv's zoo works too.
 ZOO_EXAMPLES = ("cifar_resnet20_v1", "cifar_resnet56_v1", "cifar_wideresnet16_10", "resnet18_v1",
@@ -16,9 +19,22 @@ def zoo_names():
 
 
 def check_model_name(name):
-    if name != "lenet" and name not in zoo_names():
-        raise UserError(f"unknown model {name!r}: lenet or a gluoncv zoo classifier such as "
+    if name not in OWN_MODELS and name not in zoo_names():
+        raise UserError(f"unknown model {name!r}: lenet, mlp or a gluoncv zoo classifier such as "
                         + ", ".join(ZOO_EXAMPLES))
+
+
+def model_for(name, input_shape):
+    """``name``, or for ``auto`` the default for the data: LeNet for images, an MLP for
+    feature vectors; a convolutional network for feature vectors is refused."""
+    images = len(input_shape) == 3
+    if name == "auto":
+        return "lenet" if images else "mlp"
+    check_model_name(name)
+    if name != "mlp" and not images:
+        raise UserError(f"model {name} needs images (C, H, W); this data has {input_shape[0]} features "
+                        "per sample: use --model mlp")
+    return name
 
 
 def get_model(name="lenet", outputs=10, channels=1, members=1, fused=False):
@@ -33,6 +49,8 @@ def get_model(name="lenet", outputs=10, channels=1, members=1, fused=False):
         return EnsembleLeNet(members, fused, channels, outputs)
     if name == "lenet":
         return lenet(outputs, channels, fused)
+    if name == "mlp":
+        return mlp(outputs)
     from gluoncv import model_zoo
     try:
         return model_zoo.get_model(name, classes=outputs)

@@ -30,6 +30,7 @@ from ..core.files import write_json
 from ..core.loop import train_epoch
 from ..data import load_dataset
 from ..models import get_model
+from ..models.zoo import model_for
 from ..models.fused_conv import is_fused
 from . import tutorial_loop
 from .cli import Parser, main_guard, parse_args, positive_int, progress_enabled
@@ -377,7 +378,8 @@ def main(argv=None):
         r["efficiency"] = r["speedup"] / (r["devices"] / base["devices"])
         if tutorial:
             r["vs_tutorial"] = tutorial["median_epoch_s"] / r["median_epoch_s"]
-    flops = training_flops(args.model, len(data.train_x), data.spec.input_shape, data.spec.outputs)
+    flops = training_flops(model_for(args.model, data.spec.input_shape), len(data.train_x), data.spec.input_shape,
+                           data.spec.outputs)
     gflops = {}  # per device kind
     for r in rows:
         ctx = parse_devices(r["spec"])

@@ -50,8 +50,8 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     pipeline: str = _flag("device", "device: data on the devices, batches by index; loader: Gluon "
                           "DataLoader", choices=PIPELINES)
     # the model and its training
-    model: str = _flag("lenet", "lenet, or a gluoncv zoo classifier (cifar_resnet20_v1, resnet18_v1, "
-                       "mobilenet_v2_1.0, ...)")
+    model: str = _flag("auto", "auto (lenet for images, mlp for feature vectors), lenet, mlp, or a gluoncv "
+                       "zoo classifier (cifar_resnet20_v1, resnet18_v1, mobilenet_v2_1.0, ...)")
     ensemble: int = _flag(1, "train K LeNets fused in one network; member k uses seed + k",
                           type=positive_int, metavar="K")
     epochs: int = _flag(10, "epochs to train to", True, type=positive_int)

@@ -1,6 +1,6 @@
 """Assembling a run from a :class:`RunConfig`: data, network, pipelines and the
 DataParallel step. Shared by train (and --resume) and bench."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mxnet as mx
 
@@ -10,12 +10,14 @@ from ..core.kvstores import check_options
 from ..core.parallel import DataParallel
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
 from ..models import init_model
+from ..models.zoo import check_model_name, model_for
 from .cli import MAX_SEED, check_batch
 from .config import RunConfig
 
 
 @dataclass
 class Run:
+    config: RunConfig  # with the model 'auto' resolved
     dp: DataParallel
     train: object
     val: object
@@ -32,6 +34,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     the benchmark's baseline without the gradient exchange."""
     check_batch(config.batch_size, ctx)
     check_options(ctx, config.kvstore, config.dtype)  # before any data is read
+    if model is None and config.model != "auto":
+        check_model_name(config.model)
     if config.seed + config.ensemble - 1 > MAX_SEED:
         raise UserError(f"--seed {config.seed} with --ensemble {config.ensemble}: member seeds pass {MAX_SEED}")
     data = data or load_dataset(config.dataset, config.data_dir, config.image_size, config.task, config.limit)
@@ -39,6 +43,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     if saved_spec is not None:
         DataSpec.from_dict(saved_spec).check_compatible(spec, f"the data ({spec.source})")
         spec = DataSpec.from_dict(saved_spec)  # the run's normalization, not a recomputed one
+    if model is None:
+        config = replace(config, model=model_for(config.model, spec.input_shape))
     store = mx.kv.create(config.kvstore) if config.kvstore and config.kvstore.startswith("dist") else None
     shard = (store.rank, store.num_workers) if store else (0, 1)
     net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, config.ensemble,
@@ -51,7 +57,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                       transform=spec.transform(config.ensemble), hybridize=config.hybridize,
                       dtype=config.dtype, batch_size=config.batch_size,
                       bucket_bytes=int(config.bucket_mb * 2**20), exchange=exchange)
-    return Run(dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec))
+    return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec))
 
 
 def optimizer_params(config, iters_per_epoch):

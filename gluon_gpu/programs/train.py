@@ -169,7 +169,7 @@ def main(argv=None):
     with devices(config.devices) as ctx:
         out = config.out if args.resume else prepare_out_dir(config.out)
         run = build_run(config, ctx, saved_spec=(state or {}).get("data"))  # checks batch, options, data first
-        dp = run.dp
+        config, dp = run.config, run.dp
         chief = dp.rank == 0  # in a distributed job only rank 0 writes and prints
         if chief and not args.dry_run:
             check_writable(out)
