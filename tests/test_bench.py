@@ -65,7 +65,7 @@ def test_bench_rejects_a_bad_spec_before_any_work(tmp_path, capsys):
 def test_lenet_training_flops_match_the_hand_count():
     conv1 = 6 * 24 * 24 * 25
     macs = conv1 + 16 * 10 * 10 * 6 * 9 + 400 * 120 + 120 * 84 + 84 * 10
-    assert bench.training_flops("lenet", 10) == 2 * (3 * macs - conv1) * 10  # no gradient for the images
+    assert bench.training_flops("lenet", 10, (1, 28, 28), 10) == 2 * (3 * macs - conv1) * 10  # no gradient for the images
 
 
 def test_default_specs_scale_over_gpus(monkeypatch):

@@ -65,12 +65,13 @@ def _mean_softmax(F, outs):
 
 
 class Classification(Head):
-    """Softmax cross-entropy; accuracy, and top-5 accuracy above 5 classes."""
+    """Softmax cross-entropy; accuracy, and top-5 accuracy above 5 classes (when the
+    class count is given)."""
     task = "classify"
 
-    def __init__(self, classes=10):
+    def __init__(self, classes=None):
         metrics = {"acc": _accuracy}
-        if classes > 5:
+        if classes and classes > 5:
             metrics["top5"] = _top5
         super().__init__(gluon.loss.SoftmaxCrossEntropyLoss(), metrics, _mean_softmax)
 
@@ -88,7 +89,7 @@ TASKS = ("classify", "regress")
 
 def head_for(task, classes=None):
     if task == "classify":
-        return Classification(classes or 10)
+        return Classification(classes)
     if task == "regress":
         return Regression()
     raise ValueError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")

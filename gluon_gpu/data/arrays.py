@@ -56,7 +56,7 @@ def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=No
                             "(use --task regress for real-valued targets)")
         if y_train.ndim != 1 or y_val.ndim != 1:
             raise DataError("classification labels must be one integer per sample")
-        count = len(classes) if classes else int(max(y_train.max(), y_val.max())) + 1
+        count = len(classes) if classes else int(y_train.max()) + 1  # the classes are the training labels
         for y, split in ((y_train, "y_train"), (y_val, "y_val")):
             if y.min() < 0 or y.max() >= count:
                 raise DataError(f"{split} holds label {y.min() if y.min() < 0 else y.max()}, outside "

@@ -10,6 +10,8 @@ OWN_MODELS = ("lenet", "mlp")
 # Named in --help; any other classifier of gluoncv's zoo works too.
 ZOO_EXAMPLES = ("cifar_resnet20_v1", "cifar_resnet56_v1", "cifar_wideresnet16_10", "resnet18_v1",
                 "resnet50_v1b", "mobilenet_v2_1.0", "mobilenet1.0")
+# gluoncv spells MobileNetV2 'mobilenetv2_1.0'; users (and issue texts) write 'mobilenet_v2_1.0'.
+ALIASES = {f"mobilenet_v2_{w}": f"mobilenetv2_{w}" for w in ("1.0", "0.75", "0.5", "0.25")}
 
 
 def zoo_names():
@@ -19,7 +21,7 @@ def zoo_names():
 
 
 def check_model_name(name):
-    if name not in OWN_MODELS and name not in zoo_names():
+    if name not in OWN_MODELS and ALIASES.get(name, name) not in zoo_names():
         raise UserError(f"unknown model {name!r}: lenet, mlp or a gluoncv zoo classifier such as "
                         + ", ".join(ZOO_EXAMPLES))
 
@@ -53,6 +55,6 @@ def get_model(name="lenet", outputs=10, channels=1, members=1, fused=False):
         return mlp(outputs)
     from gluoncv import model_zoo
     try:
-        return model_zoo.get_model(name, classes=outputs)
+        return model_zoo.get_model(ALIASES.get(name, name), classes=outputs)
     except (TypeError, ValueError) as e:
         raise UserError(f"model {name} cannot be built as a classifier of {outputs} outputs: {e}") from None
