@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from mxnet import nd, npx
 
-from gluon_gpu import DataParallel, get_model
+from gluon_gpu import Classification, DataParallel, get_model
 from gluon_gpu.core.modes import forward_zeros, semantics
 from gluon_gpu.data import DevicePipeline
 from gluon_gpu.core.errors import UserError
@@ -32,6 +32,7 @@ def make_dp(ctx, seed=0, fused=False, **kw):
         net.initialize(mx.init.Xavier(), ctx=ctx)
         forward_zeros(net, (1, 28, 28), ctx[0])
     kw.setdefault("optimizer_params", {"learning_rate": 0.1})
+    kw.setdefault("head", Classification(10))
     return DataParallel(net, ctx, **kw)
 
 

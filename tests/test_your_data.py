@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from gluon_gpu.core.parallel import DataParallel
-from gluon_gpu.models import get_model, init_model
+from gluon_gpu.models import init_model
 from gluon_gpu.programs import evaluate, predict, train
 
 from conftest import FOLDER_CLASSES, make_image_folder, read_metrics
