@@ -4,7 +4,7 @@ import os
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet import nd
+from mxnet import nd, npx
 
 from gluon_gpu import DataParallel, load_model
 from gluon_gpu.programs import evaluate, predict, train
@@ -49,6 +49,29 @@ def test_member_k_equals_lenet_trained_alone_with_seed_plus_k(train_slice, spec,
             np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=2e-5, err_msg=f"member {k} {name}")
             moved = max(moved, float(np.abs(want[name] - start[name]).max()))
     assert moved > 1e-3  # training really changed the parameters
+
+
+@pytest.mark.parametrize("fused_conv", ["off", "on"], ids=["standard", "fused"])
+def test_ensembles_in_numpy_mode_train_as_in_legacy_mode(train_slice, fused_conv):
+    """After npx.set_np() the ensemble is built with numpy parameters, and trains to the
+    same parameters as in legacy mode; its members come out as numpy-mode LeNets."""
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    x, y = train_slice
+    results = []
+    for api in ("legacy", "numpy"):
+        if api == "numpy":
+            npx.set_np()
+        try:
+            ens = init_model("lenet", 5, ctx, members=2, fused_conv=fused_conv)
+            train_steps(ens, ctx, DevicePipeline(x, y, 128, ctx, 5, members=2), "sgd", {"learning_rate": 0.1}, 4)
+            member = extract_member(ens, 1)
+            assert isinstance(member(mx.np.zeros((1, 1, 28, 28)) if api == "numpy" else nd.zeros((1, 1, 28, 28))),
+                              mx.np.ndarray if api == "numpy" else nd.NDArray)
+            results.append(param_arrays(ens))
+        finally:
+            npx.reset_np()
+    for name, value in results[0].items():
+        np.testing.assert_allclose(results[1][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_members_are_initialized_as_their_seeds():

@@ -54,6 +54,15 @@ def test_evaluate_and_predict_need_no_data_flags(folder_run, image_folder, capsy
     assert sum(n == c for n, c in zip(named, FOLDER_CLASSES)) >= 2 and set(named) <= set(FOLDER_CLASSES)
 
 
+def test_a_folder_run_resumes_with_no_data_flags(folder_run, tmp_path, capsys):
+    out = str(tmp_path / "copy")
+    shutil.copytree(folder_run, out)
+    code, printed, err = run_cli(train, ["--resume", out, "--epochs", "7", "--quiet"], capsys)
+    assert code == 0, err
+    assert "folder 3x32x32, 3 classes" in printed
+    assert len(read_metrics(out)["epochs"]) == 7
+
+
 def test_other_image_sizes_resize_with_image_size(tmp_path, capsys):
     root = make_image_folder(tmp_path / "mixed", per_class=(6, 3), size=32)
     Image.fromarray(np.zeros((40, 24, 3), np.uint8)).save(os.path.join(root, "train", "square", "odd.png"))

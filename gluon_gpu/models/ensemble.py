@@ -11,7 +11,7 @@ Input ``(B, K*C, H, W)`` (member k's image in channels k*C..), output ``(B, K, o
 import mxnet as mx
 from mxnet import gluon, nd
 
-from ..core.modes import forward_zeros
+from ..core.modes import forward_zeros, legacy, model_is_np, to_api
 from .lenet import conv_stages, lenet
 
 _CONVS = (("0", 6, 5), ("2", 16, 3))          # LeNet child index, channels, kernel
@@ -45,18 +45,21 @@ class EnsembleLeNet(gluon.HybridBlock):
             width = units
 
     def hybrid_forward(self, F, x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, fc3_weight, fc3_bias):
+        is_np = mx.util.is_np_array()  # the conv layers run in the API in force, the rest legacy
         x = self.pool2(self.conv2(self.pool1(self.conv1(x))))        # (B, 16K, 5, 5)
-        x = F.transpose(F.reshape(x, shape=(0, self.members, -1)), axes=(1, 0, 2))  # (K, B, 400)
-        layers = ((fc1_weight, fc1_bias), (fc2_weight, fc2_bias), (fc3_weight, fc3_bias))
-        for i, (weight, bias) in enumerate(layers):
-            x = F.broadcast_add(F.batch_dot(x, weight, transpose_b=True), bias)
-            if i < 2:
-                x = F.relu(x)
-        return F.transpose(x, axes=(1, 0, 2))                         # (B, K, 10)
+        with mx.util.np_array(False):
+            x = F.transpose(F.reshape(legacy(x), shape=(0, self.members, -1)), axes=(1, 0, 2))  # (K, B, 400)
+            layers = ((fc1_weight, fc1_bias), (fc2_weight, fc2_bias), (fc3_weight, fc3_bias))
+            for i, (weight, bias) in enumerate(layers):
+                x = F.broadcast_add(F.batch_dot(x, legacy(weight), transpose_b=True), legacy(bias))
+                if i < 2:
+                    x = F.relu(x)
+            out = F.transpose(x, axes=(1, 0, 2))                      # (B, K, 10)
+        return to_api(out, is_np)
 
 
 def _lenet_arrays(net):
-    return {name: p.data(p.list_ctx()[0]) for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
+    return {name: legacy(p.data(p.list_ctx()[0])) for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
 
 
 def _ensemble_params(ens):
@@ -89,7 +92,7 @@ def combine_members(nets, ctx=None, fused=False, input_shape=(1, 28, 28)):
             value = nd.stack(*parts).expand_dims(1)
         else:                                    # dense weight (K, units, in_units)
             value = nd.stack(*parts)
-        param.set_data(value)
+        param.set_data(to_api(value, model_is_np(ens)))
     return ens
 
 
@@ -105,11 +108,11 @@ def extract_member(ens, k, ctx=None, input_shape=(1, 28, 28)):
     forward_zeros(net, input_shape, ctx[0])
     targets = net._collect_params_with_prefix()  # pylint: disable=protected-access
     for name, param in _ensemble_params(ens).items():
-        value = param.data(param.list_ctx()[0]).as_in_context(mx.cpu())
+        value = legacy(param.data(param.list_ctx()[0])).as_in_context(mx.cpu())
         if name.startswith(("0.", "2.")):
             size = value.shape[0] // ens.members
             value = value[k * size:(k + 1) * size]
         else:
             value = value[k].reshape(targets[name].shape)
-        targets[name].set_data(value)
+        targets[name].set_data(to_api(value, model_is_np(net)))
     return net
