@@ -137,7 +137,8 @@ def test_checkpoint_resume_is_exact_in_both_apis(train_slice, tmp_path, api):
         initial = param_arrays(first.net)
         for xb, yb in batches[:2]:
             first.step(xb, yb)
-        save_checkpoint(str(tmp_path), first, {"step": 2, "config": {}}, keep=2)
+        save_checkpoint(str(tmp_path), first, {"epoch": 0, "batch": 2, "seconds": 0.0, "metrics": {},
+                                               "history": [], "config": {}}, keep=2)
         second = fresh()
         load_checkpoint(latest_checkpoint(str(tmp_path))[0], second)
         for xb, yb in batches[2:]:

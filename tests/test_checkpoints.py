@@ -84,7 +84,7 @@ def test_trainer_state_order_does_not_depend_on_layers_made_before():
 
 def test_checkpoint_holds_everything_to_resume(straight):
     directory, state = latest_checkpoint(straight)
-    assert os.path.basename(directory) == "step-00000080"  # 4 epochs x 20 batches
+    assert os.path.basename(directory) == "epoch-00004-batch-0000000"  # after epoch 4
     assert sorted(os.listdir(directory)) == ["net.params", "state.json", "trainer.states"]
     assert state["epoch"] == 4 and state["batch"] == 0 and len(state["history"]) == 4
     assert state["config"]["lr"] == 0.05 and state["config"]["momentum"] == 0.9
@@ -94,19 +94,21 @@ def test_checkpoint_holds_everything_to_resume(straight):
 def test_keep_prunes_old_checkpoints(tmp_path):
     out = str(tmp_path / "run")
     assert train.main(SMALL + ["--epochs", "4", "--keep", "2", "--limit", "256", "--out", out]) == 0
-    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step-00000012", "step-00000016"]
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["epoch-00003-batch-0000000", "epoch-00004-batch-0000000"]
 
 
 def test_save_period(tmp_path):
     out = str(tmp_path / "run")
     assert train.main(SMALL + ["--epochs", "5", "--save-period", "2", "--keep", "9",
                                "--limit", "256", "--out", out]) == 0
-    names = sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("step"))
-    assert names == ["step-00000000", "step-00000008", "step-00000016", "step-00000020"]  # start, epochs 2, 4, end
+    names = sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("epoch"))
+    assert names == [f"epoch-{e:05d}-batch-0000000" for e in (0, 2, 4, 5)]  # start, epochs 2, 4, end
 
 
 def test_resume_refuses_changed_flags_and_missing_checkpoints(straight, tmp_path, capsys):
-    before = {n: os.path.getmtime(os.path.join(straight, n)) for n in os.listdir(straight)}
+    def files():  # the run's files; .lock is the writer lock, taken by every train or --resume
+        return {n: os.path.getmtime(os.path.join(straight, n)) for n in os.listdir(straight) if n != ".lock"}
+    before = files()
     assert train.main(["--resume", straight, "--lr", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "--lr 0.5 differs from the run's 0.05" in err and "--epochs" in err
@@ -118,7 +120,7 @@ def test_resume_refuses_changed_flags_and_missing_checkpoints(straight, tmp_path
     assert "laid out over the run's epochs" in capsys.readouterr().err
     assert train.main(["--resume", straight, "--quiet"]) == 0  # already finished: nothing to do
     assert "already finished 4 epochs" in capsys.readouterr().out
-    assert {n: os.path.getmtime(os.path.join(straight, n)) for n in os.listdir(straight)} == before
+    assert files() == before
 
 
 # -- real processes, real signals ------------------------------------------------------
@@ -159,7 +161,7 @@ def checkpoint_names(out, hidden=False):
         names = os.listdir(os.path.join(out, "checkpoints"))
     except OSError:
         return []
-    return sorted(n for n in names if n.startswith(".step-" if hidden else "step-"))
+    return sorted(n for n in names if n.startswith(".epoch-" if hidden else "epoch-"))
 
 
 LONGER = SMALL + ["--limit", "12800", "--epochs", "2"]  # 200 batches an epoch
@@ -176,7 +178,7 @@ def straight_longer(tmp_path_factory):
 def test_signal_checkpoints_mid_epoch_and_resume_is_exact(straight_longer, tmp_path, signum, code):
     out = str(tmp_path / "run")
     proc = start(LONGER + ["--out", out, "--log-interval", "1"])
-    wait_for(lambda: "step-00000200" in checkpoint_names(out))  # epoch 1 done and checkpointed
+    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))  # epoch 1 done and checkpointed
     let_it_work(proc, 0.1)  # inside epoch 2 (200 batches, about 0.4 CPU seconds)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
@@ -207,7 +209,7 @@ def test_kill_9_before_any_epoch_finished_resumes_from_the_start(straight, tmp_p
     proc.kill()
     proc.wait()
     directory, state = latest_checkpoint(out)
-    assert os.path.basename(directory) == "step-00000000" and state["epoch"] == 0
+    assert os.path.basename(directory) == "epoch-00000-batch-0000000" and state["epoch"] == 0
     assert train.main(["--resume", out, "--quiet"]) == 0
     assert_same_run(straight, out)
 

@@ -1,9 +1,11 @@
 """Run checkpoints: everything a run needs to go on, written so a kill at any moment
 leaves the previous complete checkpoint loadable.
 
-RUN/checkpoints/step-00000940/{net.params, trainer.states, state.json}, one directory
-per checkpoint, built under a temporary name and renamed into place once every file in
-it is fsynced. The newest complete directory is the one to resume from.
+RUN/checkpoints/epoch-00004-batch-0000120/{net.params, trainer.states, state.json}, one
+directory per checkpoint, named by training progress (never by a step count, which
+depends on the worker count), built under a temporary name and renamed into place once
+every file in it is fsynced. The most advanced complete directory is the one to resume
+from; one that fails to load is skipped for the next older (``resume_candidates``).
 """
 import json
 import os
@@ -22,10 +24,11 @@ _PAUSE_ENV = "GLUON_GPU_CHECKPOINT_PAUSE"  # fault-injection tests: seconds to s
 
 def save_checkpoint(run_dir, dp, state, keep=3):
     """Write a checkpoint of ``dp`` (parameters, Trainer states) and ``state`` (a JSON-able
-    dict with at least 'step'); keep the newest ``keep``. Returns its directory."""
+    dict with at least 'epoch' and 'batch'); then keep the ``keep`` most advanced complete
+    ones (nothing is deleted before the new one is complete). Returns its directory."""
     root = os.path.join(run_dir, CHECKPOINTS)
     os.makedirs(root, exist_ok=True)
-    name = f"step-{state['step']:08d}"
+    name = f"epoch-{state['epoch']:05d}-batch-{state['batch']:07d}"
     final = os.path.join(root, name)
     if not os.path.isdir(final):
         tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=root)
@@ -43,42 +46,46 @@ def save_checkpoint(run_dir, dp, state, keep=3):
         fsync_path(tmp)
         os.rename(tmp, final)
         fsync_path(root)
-    for old in _complete(root)[:-keep] if keep else []:
-        shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+    for old, _ in complete_checkpoints(run_dir)[:-keep] if keep else []:
+        shutil.rmtree(old, ignore_errors=True)
     for leftover in os.listdir(root):  # temporaries of writes that a kill cut short
-        if leftover.startswith(".step-") and os.path.isdir(os.path.join(root, leftover)):
+        if leftover.startswith((".epoch-", ".step-")) and os.path.isdir(os.path.join(root, leftover)):
             shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)
     return final
 
 
+REQUIRED = {"epoch": int, "batch": int, "seconds": (int, float), "metrics": dict, "history": list, "config": dict}
+
+
 def _read_state(directory):
+    """The state of a complete checkpoint, else None: every file present, state.json
+    valid and holding the fields a resume reads."""
     try:
         with open(os.path.join(directory, "state.json")) as f:
             state = json.load(f)
     except (OSError, ValueError):
         return None
     files_ok = all(os.path.isfile(os.path.join(directory, n)) for n in ("net.params", "trainer.states"))
-    return state if files_ok and state.get("complete") else None
+    fields_ok = isinstance(state, dict) and all(isinstance(state.get(k), t) for k, t in REQUIRED.items())
+    return state if files_ok and fields_ok and state.get("complete") else None
 
 
-def _complete(root):
-    """Names of the complete checkpoints under ``root``, oldest first."""
+def complete_checkpoints(run_dir):
+    """``[(directory, state)]`` of the complete checkpoints, least advanced first (by
+    epoch, then batch; gluon_gpu 0.1 named them step-N)."""
+    root = os.path.join(run_dir, CHECKPOINTS)
     try:
-        names = sorted(n for n in os.listdir(root) if n.startswith("step-"))
+        names = [n for n in os.listdir(root) if n.startswith(("epoch-", "step-"))]
     except OSError:
         return []
-    return [n for n in names if _read_state(os.path.join(root, n)) is not None]
+    found = [(os.path.join(root, n), _read_state(os.path.join(root, n))) for n in names]
+    return sorted(((d, s) for d, s in found if s is not None), key=lambda ds: (ds[1]["epoch"], ds[1]["batch"]))
 
 
 def latest_checkpoint(run_dir):
-    """``(directory, state)`` of the newest complete checkpoint, or ``(None, None)``.
-
-    A directory is complete once renamed into place with every file present."""
-    root = os.path.join(run_dir, CHECKPOINTS)
-    complete = _complete(root)
-    if not complete:
-        return None, None
-    return os.path.join(root, complete[-1]), _read_state(os.path.join(root, complete[-1]))
+    """``(directory, state)`` of the most advanced complete checkpoint, or ``(None, None)``."""
+    complete = complete_checkpoints(run_dir)
+    return complete[-1] if complete else (None, None)
 
 
 def load_checkpoint(directory, dp, adapt=None):

@@ -2,9 +2,12 @@
 
 A crash at any moment leaves either the old file or the new one, never half of one.
 """
+import fcntl
 import json
 import os
 import tempfile
+
+from .errors import UserError
 
 
 def fsync_path(path):
@@ -41,3 +44,30 @@ def write_text(path, text):
 
 def write_json(path, obj):
     write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+class RunLock:
+    """An exclusive lock on a run directory for the life of its one writer: ``flock`` on
+    ``DIR/.lock``, which names the holder's PID. The kernel drops the lock when the holder
+    dies, however it dies, so a lock left by a dead process is simply taken over."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, ".lock")
+        self._fd = None
+
+    def __enter__(self):
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UserError(f"run directory {os.path.dirname(self.path)} is in use by process {holder} "
+                            "(another train or --resume); wait for it or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *_):
+        os.close(self._fd)  # closing releases the lock; the file stays (harmless, reused)

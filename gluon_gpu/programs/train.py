@@ -1,7 +1,9 @@
 """python -m gluon_gpu.train: data-parallel training (LeNet on FashionMNIST by default;
 any zoo model, image folder or npz data, classification or regression)."""
 import argparse
+import contextlib
 import os
+import pickle
 import shlex
 import signal
 import sys
@@ -13,12 +15,13 @@ import mxnet as mx
 
 from .. import __version__
 from ..core.callbacks import CurvesPlot, EpochPrinter, MetricsFile
-from ..core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..core.checkpoint import complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from ..core.devices import describe, devices, thread_settings
 from ..core.errors import DivergedError, UserError
 from ..core.kvstores import default_kvstore
 from ..core.loop import Interrupted, StopFlag, fit
-from ..core.params import ParamSnapshot, save_parameters
+from ..core.files import RunLock
+from ..core.params import ParamSnapshot, last_line, save_parameters
 from ..models.fused_conv import is_fused
 from ..models.loading import adapt_keys
 from .cli import Parser, main_guard, parse_args, progress_enabled
@@ -45,9 +48,9 @@ def explicit_flags(argv):
 
 
 def resume_config(argv, run_dir):
-    """``(config, checkpoint dir, state)``: the saved configuration of ``run_dir`` with
-    the resumable flags of ``argv`` applied; other flags must agree with it."""
-    ckpt_dir, state = latest_checkpoint(run_dir)
+    """``(config, state)``: the saved configuration of ``run_dir``'s most advanced
+    checkpoint with the resumable flags of ``argv`` applied; other flags must agree with it."""
+    _, state = latest_checkpoint(run_dir)
     if state is None:
         raise UserError(f"--resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints")
     config = RunConfig.from_dict(state["config"])
@@ -62,12 +65,13 @@ def resume_config(argv, run_dir):
             raise UserError(f"--epochs cannot change on --resume with --lr-mode {config.lr_mode}: "
                             "that schedule is laid out over the run's epochs")
         changes[name] = value
-    return replace(config, **changes, out=run_dir), ckpt_dir, state
+    return replace(config, **changes, out=run_dir), state
 
 
 def prepare_out_dir(path):
-    """The run directory (default runs/<timestamp>); refuse one that already holds a run."""
-    path = path or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    """The run directory (default runs/<timestamp>-<pid>: unique even for runs started in
+    the same second); refuse one that already holds a run."""
+    path = path or os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     for name in ("net.params", "metrics.json", "checkpoints"):
         if os.path.exists(os.path.join(path, name)):
             raise UserError(f"--out {path} already holds a run ({name}); choose another directory "
@@ -113,7 +117,7 @@ class Checkpointer:
         """Write a checkpoint (rank 0 of a distributed job only) and return its directory."""
         if not self.chief:
             return None
-        state = {"step": epoch * self.batches + batch, "epoch": epoch, "batch": batch,
+        state = {"epoch": epoch, "batch": batch,
                  "seconds": seconds, "metrics": self.dp.metric_state(), "history": history, **self.record}
         self.last = save_checkpoint(self.out, self.dp, state, self.config.keep)
         return self.last
@@ -162,10 +166,10 @@ def upgrade_metric_state(metrics, width):
 @main_guard("gluon_gpu.train")
 def main(argv=None):
     args = parse_args(build_parser(), argv)
-    ckpt_dir = state = None
+    state = None
     config = RunConfig.from_dict(vars(args))
     if args.resume:
-        config, ckpt_dir, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
+        config, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
     with devices(config.devices) as ctx:
         out = config.out if args.resume else prepare_out_dir(config.out)
         run = build_run(config, ctx, saved_spec=(state or {}).get("data"))  # checks batch, options, data first
@@ -177,22 +181,38 @@ def main(argv=None):
             print(plan_line(config, run, ctx, out), flush=True)
         if args.dry_run:
             return 0
-        start_epoch = start_batch = 0
-        seconds_before, history = 0.0, []
-        if state is not None:
-            load_checkpoint(ckpt_dir, dp, adapt_keys(config.model, config.ensemble))
-            dp.load_metric_state(upgrade_metric_state(state["metrics"], dp.sums.width))
-            start_epoch, start_batch = state["epoch"], state["batch"]
-            seconds_before, history = state["seconds"], state["history"]
-            if start_epoch >= config.epochs:
-                print(f"{out} already finished {start_epoch} epochs; pass --epochs N to train more")
+        with RunLock(out) if chief else contextlib.nullcontext():
+            if not args.resume:
+                prepare_out_dir(out)  # again under the lock: another writer may have begun meanwhile
+            start = resume_point(out, run, config, chief) if args.resume else (0, 0, 0.0, [])
+            if start is None:
                 return 0
-            if chief:
-                print(f"resuming from {ckpt_dir} (epoch {start_epoch + 1}, batch {start_batch + 1})")
-        code = _train(config, ctx, out, run, history, start_epoch, start_batch, seconds_before,
-                      chief, resumed=state is not None, progress=progress_enabled(args))
+            code = _train(config, ctx, out, run, start, chief, resumed=bool(args.resume),
+                          progress=progress_enabled(args))
         _save_replica(dp)
         return code
+
+
+def resume_point(out, run, config, chief):
+    """Load the most advanced checkpoint that loads, skipping (one line each) any that
+    does not; ``(epoch, batch, seconds, history)`` to go on from, or None when the run
+    already finished its epochs."""
+    dp = run.dp
+    for directory, state in reversed(complete_checkpoints(out)):
+        try:
+            load_checkpoint(directory, dp, adapt_keys(config.model, config.ensemble))
+            dp.load_metric_state(upgrade_metric_state(state["metrics"], dp.sums.width))
+        except (UserError, mx.base.MXNetError, pickle.UnpicklingError, EOFError, KeyError, TypeError,
+                ValueError, IndexError, AssertionError) as e:
+            print(f"gluon_gpu.train: skipping checkpoint {directory}: {last_line(e)}", file=sys.stderr, flush=True)
+            continue
+        if state["epoch"] >= config.epochs:
+            print(f"{out} already finished {state['epoch']} epochs; pass --epochs N to train more")
+            return None
+        if chief:
+            print(f"resuming from {directory} (epoch {state['epoch'] + 1}, batch {state['batch'] + 1})")
+        return state["epoch"], state["batch"], state["seconds"], state["history"]
+    raise UserError(f"--resume {out}: no checkpoint in {out}/checkpoints loads")
 
 
 def _save_replica(dp):
@@ -204,8 +224,9 @@ def _save_replica(dp):
         save_parameters(dp.net, os.path.join(directory, f"rank-{dp.rank}.params"))
 
 
-def _train(config, ctx, out, run, history, start_epoch, start_batch, seconds_before, chief, resumed, progress):
+def _train(config, ctx, out, run, start, chief, resumed, progress):
     dp = run.dp
+    start_epoch, start_batch, seconds_before, history = start
     record = {"config": config.to_dict(), "data": run.data.spec.to_dict()}
     header = {**record, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
               "fused_conv": is_fused(dp.net), "mxnet": mx.__version__, "gluon_gpu": __version__}

@@ -1,0 +1,133 @@
+"""Nothing lost, nothing mixed (issue #13, first part): one writer per run directory,
+unique default run names, and resume that finds the most advanced checkpoint that loads."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import mxnet as mx
+import pytest
+
+from gluon_gpu.core.checkpoint import complete_checkpoints
+from gluon_gpu.programs import train
+
+from test_checkpoints import REPO, SMALL, assert_same_run, start, wait_for, checkpoint_names
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A 4-epoch run, and a copy of it stopped after 3 epochs (checkpoints of epochs 1-3)."""
+    root = tmp_path_factory.mktemp("safety")
+    straight, three = str(root / "straight"), str(root / "three")
+    assert train.main(SMALL + ["--epochs", "4", "--out", straight]) == 0
+    assert train.main(SMALL + ["--epochs", "3", "--keep", "3", "--out", three]) == 0
+    return straight, three
+
+
+def damage(directory, kind):
+    if kind == "truncated-params":
+        path = os.path.join(directory, "net.params")
+        raw = open(path, "rb").read()
+        open(path, "wb").write(raw[: len(raw) // 2])
+    elif kind == "truncated-trainer-states":
+        path = os.path.join(directory, "trainer.states")
+        raw = open(path, "rb").read()
+        open(path, "wb").write(raw[: len(raw) // 2])
+    elif kind == "state-with-wrong-fields":
+        with open(os.path.join(directory, "state.json"), "w") as f:
+            json.dump({"complete": True, "epoch": "three", "history": {}}, f)
+    elif kind == "another-models-params":
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Dense(3))
+        net.initialize()
+        net(mx.nd.zeros((1, 5)))
+        net.save_parameters(os.path.join(directory, "net.params"))
+
+
+@pytest.mark.parametrize("kind", ["truncated-params", "truncated-trainer-states", "state-with-wrong-fields",
+                                  "another-models-params"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(runs, tmp_path, capsys, kind):
+    straight, three = runs
+    out = str(tmp_path / "run")
+    shutil.copytree(three, out)
+    newest, _ = complete_checkpoints(out)[-1]
+    damage(newest, kind)
+    assert train.main(["--resume", out, "--epochs", "4", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    if kind != "state-with-wrong-fields":  # an unreadable state.json is no complete checkpoint at all
+        skipped = [l for l in captured.err.splitlines() if "skipping checkpoint" in l]
+        assert len(skipped) == 1 and os.path.basename(newest) in skipped[0]
+    assert "resuming from" in captured.out and "epoch-00002-batch-0000000" in captured.out
+    assert_same_run(straight, out)  # epoch 3 redone from epoch 2's checkpoint, then epoch 4
+
+
+def test_no_checkpoint_that_loads_is_one_line(runs, tmp_path, capsys):
+    out = str(tmp_path / "run")
+    shutil.copytree(runs[1], out)
+    for directory, _ in complete_checkpoints(out):
+        damage(directory, "truncated-params")
+    assert train.main(["--resume", out, "--epochs", "4", "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("gluon_gpu.train: error: --resume")
+
+
+def test_checkpoints_order_by_progress_not_by_step_count(runs, tmp_path):
+    """Names sort by (epoch, batch): a mid-epoch checkpoint of epoch 3 comes after epoch 2's
+    end, whatever batch size or worker count wrote them."""
+    out = str(tmp_path / "run")
+    shutil.copytree(runs[1], out)
+    directory, state = complete_checkpoints(out)[-1]
+    mid = os.path.join(os.path.dirname(directory), "epoch-00002-batch-0000007")
+    shutil.copytree(complete_checkpoints(out)[-2][0], mid)
+    with open(os.path.join(mid, "state.json")) as f:
+        mid_state = json.load(f)
+    mid_state["batch"] = 7
+    with open(os.path.join(mid, "state.json"), "w") as f:
+        json.dump(mid_state, f)
+    order = [(s["epoch"], s["batch"]) for _, s in complete_checkpoints(out)]
+    assert order == sorted(order) and order[-2:] == [(2, 7), (3, 0)]
+
+
+def test_one_writer_per_run_directory(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    proc = start(SMALL + ["--epochs", "200", "--out", out])
+    try:
+        wait_for(lambda: len(checkpoint_names(out)) >= 2)  # training is under way
+        assert train.main(["--resume", out, "--quiet"]) == 2  # would have trained beside the live run
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"in use by process {proc.pid}" in err, err
+        assert train.main(SMALL + ["--seed", "7", "--epochs", "1", "--out", out]) == 2  # a second fresh run
+        assert "already holds a run" in capsys.readouterr().err
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    # the holder died: its lock is taken over, and the run resumes
+    assert train.main(["--resume", out, "--epochs", "3", "--quiet"]) == 0
+
+
+def test_default_run_names_are_unique_within_a_second(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-m", "gluon_gpu.train", "--epochs", "1", "--limit", "256",
+                               "--devices", "cpu", "--quiet"], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
+             for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    runs = sorted(os.listdir(tmp_path / "runs"))
+    assert len(runs) == 2
+    for run in runs:
+        assert os.path.isfile(tmp_path / "runs" / run / "net.params")
+
+
+def test_the_run_lock_refuses_a_second_holder_and_is_free_after(tmp_path):
+    """Two writers that both passed the 'no run here yet' check: the lock decides."""
+    from gluon_gpu.core.errors import UserError
+    from gluon_gpu.core.files import RunLock
+    with RunLock(str(tmp_path)):
+        with pytest.raises(UserError, match=f"in use by process {os.getpid()}"):
+            with RunLock(str(tmp_path)):
+                pass
+    with RunLock(str(tmp_path)):  # released on exit
+        pass
