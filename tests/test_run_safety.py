@@ -131,3 +131,47 @@ def test_the_run_lock_refuses_a_second_holder_and_is_free_after(tmp_path):
                 pass
     with RunLock(str(tmp_path)):  # released on exit
         pass
+
+
+def test_ctrl_c_during_start_up_is_one_line(tmp_path):
+    out = str(tmp_path / "run")
+    proc = start(SMALL + ["--epochs", "2", "--out", out])
+    proc.send_signal(signal.SIGINT)  # at once: during imports, device set-up or data loading
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (130, -signal.SIGINT, 0), err  # 0 only if it outran the signal
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+    assert train.main(SMALL + ["--epochs", "1", "--out", out]) in (0, 2)  # never a crash
+    assert os.path.isfile(os.path.join(out, "net.params")) or complete_checkpoints(out)
+
+
+def test_ctrl_c_inside_the_first_checkpoint_leaves_a_run_that_starts_afresh(tmp_path, runs):
+    out = str(tmp_path / "run")
+    proc = start(SMALL + ["--epochs", "4", "--out", out], {"GLUON_GPU_CHECKPOINT_PAUSE": "60"})
+    wait_for(lambda: checkpoint_names(out, hidden=True))  # inside the step-0 write
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines() == ["gluon_gpu.train: interrupted"], err
+    assert complete_checkpoints(out) == []
+    assert train.main(SMALL + ["--epochs", "4", "--out", out]) == 0  # the same command again
+    assert checkpoint_names(out, hidden=True) == []
+    assert_same_run(runs[0], out)
+
+
+def test_cpu_contexts_are_bounded_up_front(capsys):
+    assert train.main(["--devices", "cpu*1000", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "at most" in err and "CPU contexts" in err
+
+
+def test_outputs_get_the_umasks_modes(tmp_path):
+    out = str(tmp_path / "run")
+    old = os.umask(0o022)
+    try:
+        assert train.main(SMALL + ["--epochs", "1", "--out", out]) == 0
+    finally:
+        os.umask(old)
+    for name in ("net.params", "metrics.json", "curves.png"):
+        assert os.stat(os.path.join(out, name)).st_mode & 0o777 == 0o644, name
+    directory, _ = complete_checkpoints(out)[-1]
+    assert os.stat(directory).st_mode & 0o777 == 0o755
+    assert os.stat(os.path.join(directory, "net.params")).st_mode & 0o777 == 0o644

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from .errors import ParamsError
-from .files import fsync_path
+from .files import fsync_path, umask_mode
 from .modes import semantics
 from .params import assign_parameters, read_parameter_file, save_parameters
 
@@ -32,6 +32,7 @@ def save_checkpoint(run_dir, dp, state, keep=3):
     final = os.path.join(root, name)
     if not os.path.isdir(final):
         tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=root)
+        os.chmod(tmp, umask_mode(0o777))
         pause = float(os.environ.get(_PAUSE_ENV, 0))
         save_parameters(dp.net, os.path.join(tmp, "net.params"))
         if pause:

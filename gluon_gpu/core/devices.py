@@ -47,7 +47,11 @@ def parse_devices(spec="all"):
     if kind == "cpu":
         if ids is not None:
             raise DeviceError(f"bad device spec {spec!r}: CPU contexts are chosen by count, cpu*N")
-        return [mx.cpu(i) for i in range(int(count or 1))]
+        n = int(count or 1)
+        if n > max_cpu_contexts():
+            raise DeviceError(f"bad device spec {spec!r}: at most {max_cpu_contexts()} CPU contexts here "
+                              f"({CONTEXTS_PER_CORE} per core; each holds a replica of the model and the data)")
+        return [mx.cpu(i) for i in range(n)]
     available = gpu_count()
     if ids is not None:
         wanted = [int(i) for i in ids.split(",")]
@@ -64,6 +68,15 @@ def parse_devices(spec="all"):
     if n > available:
         raise DeviceError(f"device spec {spec!r} asks for {n} GPUs: this machine has {_gpus(available)}")
     return [mx.gpu(i) for i in range(n)]
+
+
+CONTEXTS_PER_CORE = 8  # past this, contexts only add copies and engine threads
+
+
+def max_cpu_contexts():
+    """The most CPU contexts a spec may ask for: cpu*1000 allocated until the machine ran
+    out of memory; a bound checked up front is one clear line instead."""
+    return CONTEXTS_PER_CORE * (os.cpu_count() or 1)
 
 
 def _gpus(n):

@@ -19,6 +19,15 @@ def fsync_path(path):
         os.close(fd)
 
 
+def umask_mode(mode):
+    """``mode`` (0o666 files, 0o777 directories) less the process umask: what ``open`` and
+    ``mkdir`` would give. ``mkstemp``/``mkdtemp`` create 0600/0700 whatever the umask, which
+    kept a teammate from reading a run's files."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mode & ~mask
+
+
 def atomic_write(path, write):
     """Call ``write(tmp_path)`` then move the finished file to ``path`` atomically."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -26,6 +35,7 @@ def atomic_write(path, write):
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, umask_mode(0o666))
         fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:

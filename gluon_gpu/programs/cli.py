@@ -81,7 +81,9 @@ def progress_enabled(args):
 
 
 def main_guard(prog):
-    """Decorate a CLI ``main(argv) -> int``: UserError -> 'prog: error: ...' on stderr, exit 2."""
+    """Decorate a CLI ``main(argv) -> int``: UserError -> 'prog: error: ...' on stderr, exit 2;
+    Ctrl-C before the program installed its own handling (start-up, data loading) -> one
+    line, exit 130 (training itself checkpoints on Ctrl-C: programs/train.py)."""
     def decorate(main):
         @functools.wraps(main)
         def run(argv=None):
@@ -92,5 +94,8 @@ def main_guard(prog):
             except UserError as e:
                 print(f"{prog}: error: {e}", file=sys.stderr)
                 return 2
+            except KeyboardInterrupt:
+                print(f"{prog}: interrupted", file=sys.stderr)
+                return 130
         return run
     return decorate

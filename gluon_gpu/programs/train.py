@@ -72,10 +72,13 @@ def prepare_out_dir(path):
     """The run directory (default runs/<timestamp>-<pid>: unique even for runs started in
     the same second); refuse one that already holds a run."""
     path = path or os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    for name in ("net.params", "metrics.json", "checkpoints"):
+    for name in ("net.params", "metrics.json"):
         if os.path.exists(os.path.join(path, name)):
             raise UserError(f"--out {path} already holds a run ({name}); choose another directory "
                             "or continue it with --resume")
+    if complete_checkpoints(path):  # a run stopped before its first checkpoint was complete may start afresh
+        raise UserError(f"--out {path} already holds a run (checkpoints); choose another directory "
+                        "or continue it with --resume")
     return path
 
 
