@@ -14,6 +14,8 @@ from gluon_gpu.core.checkpoint import latest_checkpoint, load_checkpoint, save_c
 from gluon_gpu.core.modes import semantics
 from gluon_gpu.core.params import save_parameters
 from gluon_gpu.programs import evaluate, train
+from gluon_gpu.programs.config import RunConfig
+from gluon_gpu.programs.run import build_run
 
 from conftest import fashion_transform, param_arrays, read_metrics
 
@@ -158,12 +160,20 @@ def _legacy_lenet():
 
 def test_a_run_of_the_previous_version_resumes(our_run, tmp_path):
     """A run written by 0.1 (explicit Flatten: dense keys 5-7; metric sums as loss and
-    correct; a config without the data fields) resumes and finishes like today's run."""
+    correct; a config without the data fields; the optimizer state pickled by MXNet)
+    resumes and finishes like today's run."""
     import json
     import shutil
     out = str(tmp_path / "old")
     shutil.copytree(our_run, out)
     directory, state = latest_checkpoint(out)
+    # 0.1 pickled the optimizer state with MXNet's Trainer.save_states
+    config = RunConfig.from_dict(state["config"])
+    run = build_run(config, [mx.cpu(0), mx.cpu(1)])
+    load_checkpoint(directory, run.dp)
+    run.dp.trainer.save_states(os.path.join(directory, "trainer.states"))
+    for name in ("optimizer.json", "optimizer.params"):
+        os.remove(os.path.join(directory, name))
     arrays = nd.load(os.path.join(directory, "net.params"))
     nd.save(os.path.join(directory, "net.params"),
             {str(int(k[0]) + 1) + k[1:] if k[0] in "456" else k: v for k, v in arrays.items()})

@@ -85,7 +85,7 @@ def test_trainer_state_order_does_not_depend_on_layers_made_before():
 def test_checkpoint_holds_everything_to_resume(straight):
     directory, state = latest_checkpoint(straight)
     assert os.path.basename(directory) == "epoch-00004-batch-0000000"  # after epoch 4
-    assert sorted(os.listdir(directory)) == ["net.params", "state.json", "trainer.states"]
+    assert sorted(os.listdir(directory)) == ["net.params", "optimizer.json", "optimizer.params", "state.json"]
     assert state["epoch"] == 4 and state["batch"] == 0 and len(state["history"]) == 4
     assert state["config"]["lr"] == 0.05 and state["config"]["momentum"] == 0.9
     assert state["data"]["dataset"] == "fashion-mnist" and state["data"]["input_shape"] == [1, 28, 28]

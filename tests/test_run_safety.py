@@ -31,8 +31,8 @@ def damage(directory, kind):
         path = os.path.join(directory, "net.params")
         raw = open(path, "rb").read()
         open(path, "wb").write(raw[: len(raw) // 2])
-    elif kind == "truncated-trainer-states":
-        path = os.path.join(directory, "trainer.states")
+    elif kind == "truncated-optimizer-state":
+        path = os.path.join(directory, "optimizer.params")
         raw = open(path, "rb").read()
         open(path, "wb").write(raw[: len(raw) // 2])
     elif kind == "state-with-wrong-fields":
@@ -46,7 +46,7 @@ def damage(directory, kind):
         net.save_parameters(os.path.join(directory, "net.params"))
 
 
-@pytest.mark.parametrize("kind", ["truncated-params", "truncated-trainer-states", "state-with-wrong-fields",
+@pytest.mark.parametrize("kind", ["truncated-params", "truncated-optimizer-state", "state-with-wrong-fields",
                                   "another-models-params"])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(runs, tmp_path, capsys, kind):
     straight, three = runs
@@ -175,3 +175,34 @@ def test_outputs_get_the_umasks_modes(tmp_path):
     directory, _ = complete_checkpoints(out)[-1]
     assert os.stat(directory).st_mode & 0o777 == 0o755
     assert os.stat(os.path.join(directory, "net.params")).st_mode & 0o777 == 0o644
+
+
+class _Exploit:
+    """What a crafted trainer.states holds: unpickling it would run a shell command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_pickle_in_a_checkpoint_runs_nothing(runs, tmp_path, capsys):
+    """Optimizer state is arrays and JSON; an older version's pickle is read by an
+    unpickler that builds arrays and optimizers only. A malicious one is refused in one
+    line, nothing runs, and resume falls back to the previous checkpoint."""
+    import pickle
+    out = str(tmp_path / "run")
+    shutil.copytree(runs[1], out)
+    newest, _ = complete_checkpoints(out)[-1]
+    for name in ("optimizer.json", "optimizer.params"):
+        os.remove(os.path.join(newest, name))
+    marker = tmp_path / "pwned"
+    with open(os.path.join(newest, "trainer.states"), "wb") as f:
+        pickle.dump(({0: _Exploit(str(marker))}, None), f)
+    assert train.main(["--resume", out, "--epochs", "4", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert not marker.exists()
+    refused = [l for l in err.splitlines() if "skipping checkpoint" in l]
+    assert len(refused) == 1 and "posix.system" in refused[0] and "refused" in refused[0], err
+    assert_same_run(runs[0], out)

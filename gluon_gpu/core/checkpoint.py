@@ -1,7 +1,7 @@
 """Run checkpoints: everything a run needs to go on, written so a kill at any moment
 leaves the previous complete checkpoint loadable.
 
-RUN/checkpoints/epoch-00004-batch-0000120/{net.params, trainer.states, state.json}, one
+RUN/checkpoints/epoch-00004-batch-0000120/{net.params, optimizer.*, state.json}, one
 directory per checkpoint, named by training progress (never by a step count, which
 depends on the worker count), built under a temporary name and renamed into place once
 every file in it is fsynced. The most advanced complete directory is the one to resume
@@ -16,6 +16,7 @@ import time
 from .errors import ParamsError
 from .files import fsync_path, umask_mode
 from .modes import semantics
+from .optimizer_state import has_optimizer_state, load_optimizer_state, save_optimizer_state
 from .params import assign_parameters, read_parameter_file, save_parameters
 
 CHECKPOINTS = "checkpoints"
@@ -38,8 +39,7 @@ def save_checkpoint(run_dir, dp, state, keep=3):
         if pause:
             time.sleep(pause)
         with semantics(dp.is_np):
-            dp.trainer.save_states(os.path.join(tmp, "trainer.states"))
-        fsync_path(os.path.join(tmp, "trainer.states"))
+            save_optimizer_state(dp.trainer, tmp)
         with open(os.path.join(tmp, "state.json"), "w") as f:
             json.dump({**state, "complete": True}, f, indent=2, default=str)
             f.flush()
@@ -66,7 +66,7 @@ def _read_state(directory):
             state = json.load(f)
     except (OSError, ValueError):
         return None
-    files_ok = all(os.path.isfile(os.path.join(directory, n)) for n in ("net.params", "trainer.states"))
+    files_ok = os.path.isfile(os.path.join(directory, "net.params")) and has_optimizer_state(directory)
     fields_ok = isinstance(state, dict) and all(isinstance(state.get(k), t) for k, t in REQUIRED.items())
     return state if files_ok and fields_ok and state.get("complete") else None
 
@@ -97,11 +97,8 @@ def load_checkpoint(directory, dp, adapt=None):
     path = os.path.join(directory, "net.params")
     arrays = read_parameter_file(path)
     assign_parameters(dp.net, adapt(arrays) if adapt else arrays, dp.ctx, path)
-    scheduler = dp.trainer.optimizer.lr_scheduler
     with semantics(dp.is_np):
-        dp.trainer.load_states(os.path.join(directory, "trainer.states"))
-    if scheduler is not None:
-        dp.trainer.optimizer.lr_scheduler = scheduler
+        load_optimizer_state(dp.trainer, directory)
     _check_state_shapes(dp.trainer, directory)
 
 
@@ -114,6 +111,6 @@ def _check_state_shapes(trainer, directory):
         arrays = state if isinstance(state, (list, tuple)) else [state]
         for array in arrays:
             if hasattr(array, "shape") and array.shape != params[index].shape:
-                raise ParamsError(f"{directory}/trainer.states does not fit this network "
+                raise ParamsError(f"{directory}: the optimizer state does not fit this network "
                                   f"(state {index} has shape {array.shape}, parameter "
                                   f"{params[index].name} {params[index].shape})")
