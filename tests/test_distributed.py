@@ -160,3 +160,29 @@ def test_dist_kvstore_outside_a_job_is_a_clear_error(tmp_path, capsys, monkeypat
     monkeypatch.delenv("DMLC_ROLE", raising=False)
     assert train.main(["--kvstore", "dist_sync", "--devices", "cpu", "--out", str(tmp_path / "r")]) == 2
     assert "gluon_gpu.launch" in capsys.readouterr().err
+
+
+def test_a_worker_command_that_cannot_start_is_one_line_and_leaves_nothing():
+    job = uuid.uuid4().hex
+    proc = run_launch(["-n", "2", "--grace", "3", "--", "/nonexistent/cmd"], job)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == ["gluon_gpu.launch: error: cannot start worker 0 (/nonexistent/cmd): "
+                                        "No such file or directory"]
+    assert job_processes(job) == []  # the scheduler and server it had started are gone
+
+
+def test_no_role_outlives_a_killed_launcher(tmp_path):
+    """kill -9 of the launcher: the kernel kills every local role (PR_SET_PDEATHSIG)."""
+    job = uuid.uuid4().hex
+    proc = run_launch(["-n", "2", "-s", "1", "--"] + TRAIN + ["--epochs", "100", "--out", str(tmp_path / "run")], job)
+    deadline = time.time() + 120
+    while len([r for _, r in job_processes(job) if r == "worker"]) < 2:  # the whole job is up
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 10
+    while job_processes(job) and time.time() < deadline:
+        time.sleep(0.05)
+    assert job_processes(job) == []

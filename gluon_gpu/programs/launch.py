@@ -15,6 +15,7 @@ If any process dies, or the job outlives ``--timeout``, every other process is s
 started (DataLoader workers) are stopped with it.
 """
 import argparse
+import ctypes
 import os
 import shlex
 import signal
@@ -26,6 +27,7 @@ import uuid
 
 from .cli import Parser, non_negative_int, positive_int
 
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 JOB_ENV = "GLUON_GPU_JOB"  # marks every process of a job (tests look for leftovers by it)
 
 
@@ -90,15 +92,32 @@ def ssh_command(host, env, cmd, cwd):
         (["-p", port] if port else []) + [target, remote]
 
 
+class CannotStart(Exception):
+    """A process of the job could not be started; the message says which and why."""
+
+
+def _die_with_launcher():
+    """In each local child, before exec: the kernel sends it SIGKILL when the launcher
+    dies, however it dies (kill -9 included), so no role outlives its job."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 class Job:
     """The running processes of one launch, and the one way they all stop."""
 
-    def __init__(self, procs):
+    def __init__(self, procs, grace):
         self.procs = []
         for role, index, host, argv, env in procs:
             child_env = {**os.environ, **env} if host is None else {**os.environ, JOB_ENV: env[JOB_ENV]}
-            popen = subprocess.Popen(argv, env=child_env, start_new_session=True)
-            self.procs.append((f"{role} {index}" + (f" on {host}" if host else ""), role, popen))
+            name = f"{role} {index}" + (f" on {host}" if host else "")
+            try:
+                popen = subprocess.Popen(argv, env=child_env, start_new_session=True,
+                                         preexec_fn=_die_with_launcher)
+            except OSError as e:
+                self.stop_all(grace)  # the roles already started: nothing left behind
+                raise CannotStart(f"cannot start {name} ({argv[0]}): {e.strerror or e}") from None
+            self.procs.append((name, role, popen))
 
     def workers(self):
         return [(name, p) for name, role, p in self.procs if role == "worker"]
@@ -164,7 +183,11 @@ def main(argv=None):
     stop = []
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda s, _f: stop.append(s))
-    job = Job(plan(args, job_id, args.port or free_port(), hosts))
+    try:
+        job = Job(plan(args, job_id, args.port or free_port(), hosts), args.grace)
+    except CannotStart as e:
+        print(f"gluon_gpu.launch: error: {e}", file=sys.stderr)
+        return 2
     try:
         failure = job.watch(args.timeout, args.grace, stop)
     finally:
