@@ -227,3 +227,19 @@ def test_files_that_are_not_images_are_skipped_and_counted(tmp_path, capsys):
                                    "--epochs", "1"] + QUICK, capsys)
     assert code == 0
     assert "skipped 1 file(s) that are not images" in out and "README.txt" in out
+
+
+def test_any_gluon_dataset_becomes_a_dataset_with_its_spec():
+    """Gluon's vision datasets give (H, W, C) uint8 images and integer labels."""
+    from mxnet import gluon, nd
+    from gluon_gpu.data import from_gluon
+    rng = np.random.default_rng(0)
+    images = nd.array(rng.integers(0, 256, (40, 16, 16, 3)), dtype="uint8")
+    labels = rng.integers(0, 4, 40).astype(np.int64)
+    train_set = gluon.data.ArrayDataset(images[:30], labels[:30])
+    val_set = gluon.data.ArrayDataset(images[30:], labels[30:])
+    data = from_gluon(train_set, val_set)
+    assert data.train_x.shape == (30, 3, 16, 16) and data.train_x.dtype == np.uint8
+    np.testing.assert_array_equal(data.train_x[3], images[3].asnumpy().transpose(2, 0, 1))
+    assert data.spec.task == "classify" and data.spec.outputs == int(labels[:30].max()) + 1
+    assert len(data.spec.mean) == 3 and data.spec.input_shape == (3, 16, 16)
