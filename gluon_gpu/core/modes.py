@@ -51,8 +51,6 @@ def to_api(x, is_np):
     return x.as_np_ndarray() if is_np else x
 
 
-
-
 def call(net, x):
     """``net(x)`` for a legacy input ``x``, in the net's own API; a legacy output."""
     is_np = model_is_np(net)

@@ -75,8 +75,8 @@ def assign_parameters(net, arrays, ctx, source="the file"):
     with semantics(is_np):
         for name, param in params.items():
             value = arrays[name]
-            known = [d for d in param.shape if d > 0] if param.shape else []
-            if param.shape and len(known) == len(param.shape) and tuple(param.shape) != value.shape:
+            known = param.shape and all(d > 0 for d in param.shape)  # deferred shapes take the file's
+            if known and tuple(param.shape) != value.shape:
                 raise ParamsError(f"{source} does not fit this network: {name} has shape {value.shape}, "
                                   f"the network's is {tuple(param.shape)}")
             try:

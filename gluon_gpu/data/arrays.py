@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.errors import DataError
-from .spec import DataSpec, channel_stats
+from .spec import DataSpec, channel_stats, input_scale
 
 TASKS = ("classify", "regress")
 
@@ -70,9 +70,8 @@ def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=No
         if not (np.isfinite(y_train).all() and np.isfinite(y_val).all()):
             raise DataError("regression targets hold NaN or infinite values")
         classes, outputs = None, int(np.prod(y_train.shape[1:]))
-    scale = 1 / 255 if dtype == "uint8" else 1.0
     if mean is None or std is None:
-        mean, std = channel_stats(x_train, scale)
+        mean, std = channel_stats(x_train, input_scale(dtype))
     spec = DataSpec(dataset=dataset, task=task, input_shape=tuple(int(d) for d in x_train.shape[1:]),
                     outputs=outputs, mean=list(map(float, np.atleast_1d(mean))),
                     std=list(map(float, np.atleast_1d(std))), dtype=dtype, classes=classes, source=source)

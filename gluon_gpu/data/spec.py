@@ -45,15 +45,19 @@ class DataSpec:
 
     @property
     def scale(self):
-        """uint8 images are scaled to [0, 1] before normalization, as ToTensor does."""
-        return 1 / 255 if self.dtype == "uint8" else 1.0
+        return input_scale(self.dtype)
 
     def check_compatible(self, other, what):
         """Refuse data of another shape, task or class count than this run's (DataError)."""
         for name in ("input_shape", "task", "outputs"):
             mine, theirs = getattr(self, name), getattr(other, name)
-            if tuple(np.atleast_1d(mine)) != tuple(np.atleast_1d(theirs)):
+            if mine != theirs:
                 raise DataError(f"{what} has {name.replace('_', ' ')} {theirs}, this run's is {mine}")
+
+
+def input_scale(dtype):
+    """uint8 images are scaled to [0, 1] before normalization, as ToTensor does."""
+    return 1 / 255 if dtype == "uint8" else 1.0
 
 
 def channel_stats(x, scale):
