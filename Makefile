@@ -8,7 +8,7 @@ ARGS   ?=
 DATA   := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install data train test bench clean
+.PHONY: install data hosts train test bench clean
 
 install: $(VENV)/.installed
 
@@ -26,10 +26,17 @@ data:
 	@[ -f $(DATA) ] || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist; } \
 	  || echo "warning: could not install dataset-fashion-mnist; pass --data-dir or let MXNet download" >&2
 
+# Debian's openssh-server, for the tests that run jobs across network-namespace hosts
+# (root only; elsewhere those tests are skipped and say why).
+hosts:
+	@[ -x /usr/sbin/sshd ] || [ "$$(id -u)" != 0 ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends openssh-server openssh-client >/dev/null; } \
+	  || echo "warning: could not install openssh-server; the multi-host tests will be skipped" >&2
+
 train: install data
 	$(PY) -m gluon_gpu.train $(ARGS)
 
-test: install data
+test: install data hosts
 	$(PY) -m pytest
 
 bench: install data

@@ -7,6 +7,10 @@ task heads, both MXNet APIs, checkpoints, the loop), ``data`` (datasets, pipelin
 """
 __version__ = "0.2.0"
 
+from .core import environment  # noqa: E402  (imports no mxnet: it runs before mxnet starts)
+
+environment.check()
+
 from .core.devices import devices, parse_devices  # noqa: E402
 from .core.errors import UserError  # noqa: E402
 from .core.heads import Classification, Head, Regression  # noqa: E402

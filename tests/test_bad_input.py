@@ -212,3 +212,54 @@ def test_fuzzed_predict_index_never_crashes(run_dir, capsys, index):
     assert "Traceback" not in captured.err
     if code == 2:
         assert len(captured.err.strip().splitlines()) == 1
+
+
+def png_header(width, height):
+    """A PNG that declares ``width`` x ``height`` (8-bit grayscale) and holds one empty
+    row: what a decompression bomb looks like to a reader of headers."""
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * (width + 1)))
+            + chunk(b"IEND", b""))
+
+
+def test_predict_refuses_a_decompression_bomb_from_its_header(run_dir, tmp_path, capsys):
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(png_header(20000, 20000))  # 400M pixels, 0.1 KB on disk
+    assert predict.main(["--params", os.path.join(run_dir, "net.params"), str(bomb)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "400000000 pixels" in err and "over the 40M pixels" in err, err
+
+
+# -- environment variables MXNet reads at start-up -----------------------------------------
+@pytest.mark.parametrize("variable, value", [
+    ("OMP_NUM_THREADS", "abc"),  # MXNet 1.9: abort (uncaught dmlc::ParamError)
+    ("OMP_NUM_THREADS", "100000"),  # a segfault when libgomp cannot make the threads
+    ("OMP_NUM_THREADS", "2,1"),  # an OpenMP list: MXNet aborts
+    ("MXNET_CPU_WORKER_NTHREADS", "0"),  # hangs forever
+    ("MXNET_CPU_WORKER_NTHREADS", "-2"),
+    ("MXNET_ENGINE_TYPE", "Bogus"),  # a traceback from the engine
+    ("GLUON_GPU_CHECKPOINT_PAUSE", "soon"),
+])
+@pytest.mark.parametrize("program", ["train", "evaluate", "predict", "bench"])
+def test_bad_environment_variables_are_one_line_before_mxnet_starts(variable, value, program):
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", f"gluon_gpu.{program}", "--help"], cwd=repo, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": repo, variable: value})
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gluon_gpu: error: {variable}={value!r}: must be"), lines
+
+
+def test_a_library_user_gets_the_same_reason_as_an_exception():
+    from gluon_gpu.core import environment
+    assert environment.problem({"OMP_NUM_THREADS": "abc"}).startswith("OMP_NUM_THREADS='abc': must be a whole")
+    assert environment.problem({"OMP_NUM_THREADS": "2", "MXNET_ENGINE_TYPE": "NaiveEngine"}) is None
+    assert not environment.running_a_program(["script.py"], ["python", "script.py"])
+    assert environment.running_a_program(["-m"], ["python", "-X", "dev", "-m", "gluon_gpu.train"])
+    assert environment.running_a_program(["/venv/bin/gluon-gpu-train"], ["/venv/bin/python", "/venv/bin/gluon-gpu-train"])

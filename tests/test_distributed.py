@@ -1,5 +1,6 @@
 """Distributed training on MXNet's parameter-server kvstore, on loopback, and the launcher."""
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_gpu.programs import launch, train
+from gluon_gpu.programs import launch, remote_role, train
 
 from conftest import read_metrics
 
@@ -123,7 +124,7 @@ def test_hostfile_plan_runs_over_ssh_round_robin(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# cluster\nnode1\nalice@node2:2222\n")
     args = launch.build_parser().parse_args(["-n", "3", "-s", "2", "--hostfile", str(hostfile),
-                                             "--scheduler-host", "10.0.0.5", "--", "python", "train.py"])
+                                             "--scheduler-host", "10.0.0.5", "python", "train.py"])
     procs = launch.plan(args, "job1", 9000, launch.read_hostfile(str(hostfile)), cwd="/work dir")
     roles = [(role, i, host) for role, i, host, _, _ in procs]
     assert roles == [("scheduler", 0, None), ("server", 0, "node1"), ("server", 1, "alice@node2:2222"),
@@ -131,12 +132,13 @@ def test_hostfile_plan_runs_over_ssh_round_robin(tmp_path):
     _, _, _, argv, env = procs[4]
     assert argv[:5] == ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes"]
     assert argv[5:8] == ["-p", "2222", "alice@node2"]
-    remote = argv[8]
-    assert remote.startswith("cd '/work dir' && env ")
+    words = shlex.split(argv[8])
+    assert words[:5] == ["cd", "/work dir", "&&", "exec", "env"]
     for assignment in ("DMLC_ROLE=worker", "DMLC_PS_ROOT_URI=10.0.0.5", "DMLC_PS_ROOT_PORT=9000",
                        "DMLC_NUM_SERVER=2", "DMLC_NUM_WORKER=3", "GLUON_GPU_JOB=job1"):
-        assert assignment in remote
-    assert remote.endswith(" python train.py")
+        assert assignment in words
+    # the role runs under the wrapper that ends it with the ssh session
+    assert words[-5:] == [sys.executable, "-c", remote_role.SOURCE, "python", "train.py"]
     scheduler = procs[0]
     assert scheduler[3][1:] == ["-c", "import mxnet"] and scheduler[4]["DMLC_ROLE"] == "scheduler"
 
@@ -145,6 +147,7 @@ def test_local_plan_uses_loopback():
     args = launch.build_parser().parse_args(["-n", "2", "--", "echo"])
     procs = launch.plan(args, "j", 1234)
     assert {env["DMLC_PS_ROOT_URI"] for *_, env in procs} == {"127.0.0.1"}
+    assert {env["DMLC_NODE_HOST"] for *_, env in procs} == {"127.0.0.1"}  # what each listens on
     assert [p[0] for p in procs] == ["scheduler", "server", "worker", "worker"]
 
 
@@ -186,3 +189,134 @@ def test_no_role_outlives_a_killed_launcher(tmp_path):
     while job_processes(job) and time.time() < deadline:
         time.sleep(0.05)
     assert job_processes(job) == []
+
+
+# -- the job on a signal, and restarts: both must end where an uninterrupted job ends ----
+LONG = TRAIN[:-4] + ["--limit", "12800", "--batch-size", "64", "--epochs", "3"]  # 100 steps an epoch
+
+
+def wait_until(condition, proc, what, timeout=180):
+    """Poll ``condition`` (progress: a file, a process) while the job runs."""
+    deadline = time.time() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the job ended before {what}: {proc.communicate()}"
+        assert time.time() < deadline, f"no {what} after {timeout} s"
+        time.sleep(0.05)
+
+
+def listening(pids):
+    """The TCP addresses ``pids`` listen on (``ss``, iproute2)."""
+    lines = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout.splitlines()
+    return [line.split()[3] for line in lines
+            if any(f"pid={pid}," in line for pid in pids)]
+
+
+def checkpoint_exists(out, epoch, batch=0):
+    return os.path.isdir(os.path.join(out, "checkpoints", f"epoch-{epoch:05d}-batch-{batch:07d}"))
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    """An uninterrupted 2-worker dist_sync job of 3 epochs: what the others must end at."""
+    out = str(tmp_path_factory.mktemp("straight") / "run")
+    proc = run_launch(["-n", "2", "--"] + LONG + ["--out", out], uuid.uuid4().hex)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return params(os.path.join(out, "net.params"))
+
+
+def assert_same_params(got, want):
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_sigterm_to_the_launcher_checkpoints_the_partial_epoch_and_exits_143(tmp_path, straight_run):
+    """A preemption: the workers agree on a step, rank 0 checkpoints it, all exit, and the
+    launcher exits 143 at once, not after --grace (120 s here); the run then resumes to
+    exactly the parameters of the uninterrupted job."""
+    out, job = str(tmp_path / "run"), uuid.uuid4().hex
+    proc = run_launch(["-n", "2", "--grace", "120", "--"] + LONG + ["--out", out, "--log-interval", "10"], job)
+    wait_until(lambda: checkpoint_exists(out, 1), proc, "the epoch-1 checkpoint")  # epoch 2 is under way
+    addresses = listening({pid for pid, _ in job_processes(job)})
+    assert len(addresses) == 4 and all(a.startswith("127.0.0.1:") for a in addresses), addresses
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)  # far less than the grace
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    stopped = [l for l in err.splitlines() if l.startswith("gluon_gpu.train: SIGTERM: stopped in epoch 2")]
+    assert len(stopped) == 1, err  # rank 0 alone reports (and writes)
+    assert err.strip().splitlines()[-1] == "gluon_gpu.launch: stopped by SIGTERM; stopped all 4 processes of the job"
+    newest = sorted(os.listdir(os.path.join(out, "checkpoints")))[-1]
+    assert newest.startswith("epoch-00001-batch-") and not newest.endswith("-0000000"), newest
+    assert read_metrics(out)["status"] == "interrupted"
+    assert job_processes(job) == []
+    resumed = run_launch(["-n", "2", "--"] + LONG + ["--resume", out], uuid.uuid4().hex)
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert_same_params(params(os.path.join(out, "net.params")), straight_run)
+
+
+def test_max_restarts_resumes_a_job_after_a_worker_is_killed(tmp_path, straight_run):
+    """kill -9 of a worker in epoch 2: the launcher stops the job, starts it again, the
+    workers resume from the epoch-1 checkpoint, and the job ends where it would have."""
+    out, job = str(tmp_path / "run"), uuid.uuid4().hex
+    proc = run_launch(["-n", "2", "--grace", "3", "--max-restarts", "1", "--"] + LONG + ["--out", out], job)
+    wait_until(lambda: checkpoint_exists(out, 1), proc, "the epoch-1 checkpoint")
+    victim = [pid for pid, role in job_processes(job) if role == "worker"][1]
+    os.kill(victim, signal.SIGKILL)
+    printed, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    restarts = [l for l in err.splitlines() if "restart 1 of 1" in l]
+    assert len(restarts) == 1 and "killed by SIGKILL" in restarts[0], err
+    assert "checkpoints/epoch-00001-batch-0000000 (epoch 2, batch 1)" in printed, printed
+    assert_same_params(params(os.path.join(out, "net.params")), straight_run)
+    assert read_metrics(out)["status"] == "finished" and len(read_metrics(out)["epochs"]) == 3
+    assert job_processes(job) == []
+
+
+def test_restarts_are_bounded(tmp_path):
+    job = uuid.uuid4().hex
+    proc = run_launch(["-n", "1", "--grace", "2", "--max-restarts", "2", "--", sys.executable, "-c",
+                       "import sys; sys.exit(3)"], job)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    lines = err.strip().splitlines()
+    assert [l.split("; ")[1].split(":")[0] for l in lines[:2]] == ["restart 1 of 2", "restart 2 of 2"]
+    assert lines[-1] == "gluon_gpu.launch: worker 0 exited with status 3; stopped all 3 processes of the job"
+    assert job_processes(job) == []
+
+
+def test_a_restarted_job_needs_out(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(launch.RESTART_ENV, "1")
+    assert train.main(["--devices", "cpu", "--dry-run"]) == 2
+    assert "--max-restarts needs --out" in capsys.readouterr().err
+
+
+def test_a_run_continues_mid_epoch_with_another_worker_count(tmp_path):
+    """Checkpoints name their place by (epoch, global batch) and record the worker count:
+    1 worker stopped after global batch B of epoch 2 continues on 2 workers at global
+    batch B/2 (the same samples done), and the run then ends at epoch 3, not redoing any."""
+    out = str(tmp_path / "run")
+    proc = run_launch(["-n", "1", "--grace", "120", "--"] + LONG + ["--out", out, "--log-interval", "10"],
+                      uuid.uuid4().hex)
+    wait_until(lambda: checkpoint_exists(out, 1), proc, "the epoch-1 checkpoint")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    newest = sorted(os.listdir(os.path.join(out, "checkpoints")))[-1]
+    batch = int(newest.rsplit("-", 1)[1])
+    assert newest.startswith("epoch-00001-") and batch > 0 and batch % 10 == 0, newest
+    resumed = run_launch(["-n", "2", "--"] + LONG + ["--resume", out], uuid.uuid4().hex)
+    printed, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert f"checkpoints/{newest} (epoch 2, batch {batch // 2 + 1})" in printed, printed
+    epochs = read_metrics(out)["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3] and [e.get("workers", 1) for e in epochs] == [1, 2, 2]
+    assert sorted(os.listdir(os.path.join(out, "checkpoints")))[-1] == "epoch-00003-batch-0000000"
+
+
+@pytest.mark.parametrize("batch, workers, now, expected", [(60, 1, 2, 30), (61, 1, 2, None), (30, 2, 1, 60),
+                                                           (0, 4, 3, 0), (9, 3, 2, None), (8, 3, 4, 6)])
+def test_a_mid_epoch_position_converts_between_worker_counts(batch, workers, now, expected):
+    assert train.same_position(batch, workers, now) == expected

@@ -2,6 +2,7 @@
 unique default run names, and resume that finds the most advanced checkpoint that loads."""
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -205,4 +206,65 @@ def test_a_crafted_pickle_in_a_checkpoint_runs_nothing(runs, tmp_path, capsys):
     assert not marker.exists()
     refused = [l for l in err.splitlines() if "skipping checkpoint" in l]
     assert len(refused) == 1 and "posix.system" in refused[0] and "refused" in refused[0], err
+    assert_same_run(runs[0], out)
+
+
+def test_an_unreadable_state_json_is_skipped_with_a_line(runs, tmp_path, capsys):
+    out = str(tmp_path / "run")
+    shutil.copytree(runs[1], out)
+    newest, _ = complete_checkpoints(out)[-1]
+    with open(os.path.join(newest, "state.json"), "w") as f:
+        f.write('{"epoch": 3, "bat')  # cut short by a crash of an older version
+    assert train.main(["--resume", out, "--epochs", "4", "--quiet"]) == 0
+    skipped = [l for l in capsys.readouterr().err.splitlines() if "skipping checkpoint" in l]
+    assert skipped == [f"gluon_gpu.train: skipping checkpoint {newest}: state.json is not valid JSON"]
+    assert_same_run(runs[0], out)
+
+
+def test_the_printed_resume_command_works_when_pasted(tmp_path):
+    """A run directory with a space and a quote: the command printed after Ctrl-C is
+    shell-quoted, and running it as printed continues the run."""
+    out = str(tmp_path / "my run's dir")
+    proc = start(SMALL + ["--epochs", "50", "--out", out])
+    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    command = err.strip().splitlines()[-1].split("resume with: ", 1)[1]
+    argv = shlex.split(command)
+    assert argv[:4] == ["python", "-m", "gluon_gpu.train", "--resume"] and argv[4] == out
+    resumed = subprocess.run([sys.executable] + argv[1:] + ["--epochs", "3"], cwd=REPO, capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": REPO})
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(json.load(open(os.path.join(out, "metrics.json")))["epochs"]) == 3
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1.5 MB tmpfs: room for the step-0 checkpoint and two epoch checkpoints of SMALL
+    (0.25 + 2 x 0.49 MB) but not a third. Root only (CI runs as root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_full_disk_is_one_line_leaves_no_temporary_and_resumes(runs, small_disk, capsys):
+    out = str(small_disk / "run")
+    assert train.main(SMALL + ["--epochs", "4", "--keep", "10", "--out", out]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gluon_gpu.train: error: cannot write "), err
+    assert "No space left on device" in err[0]
+    assert f"continue from its epoch 2, batch 0 with: python -m gluon_gpu.train --resume {out}" in err[0]
+    leftovers = [os.path.join(d, n) for d, dirs, files in os.walk(out) for n in dirs + files
+                 if n.startswith(".") and n != ".lock"]
+    assert leftovers == []  # every temporary removed
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["status"] == "failed" and "No space left on device" in metrics["reason"]
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)  # space freed
+    assert train.main(["--resume", out, "--quiet"]) == 0
     assert_same_run(runs[0], out)

@@ -41,7 +41,7 @@ class EpochPrinter:
     def on_epoch_end(self, record, history):
         self.write(format_epoch(record, self.epochs))
 
-    def on_train_end(self, history, status):
+    def on_train_end(self, history, status, reason=None):
         pass
 
 
@@ -52,14 +52,15 @@ class MetricsFile:
     def __init__(self, path, header):
         self.path, self.header = path, dict(header)
 
-    def write(self, history, status):
-        write_json(self.path, {**self.header, "status": status, "epochs": history})
+    def write(self, history, status, reason=None):
+        write_json(self.path, {**self.header, "status": status, **({"reason": reason} if reason else {}),
+                               "epochs": history})
 
     def on_epoch_end(self, record, history):
         self.write(history, "running")
 
-    def on_train_end(self, history, status):
-        self.write(history, status)
+    def on_train_end(self, history, status, reason=None):
+        self.write(history, status, reason)
 
 
 class CurvesPlot:
@@ -71,7 +72,7 @@ class CurvesPlot:
     def on_epoch_end(self, record, history):
         pass
 
-    def on_train_end(self, history, status):
+    def on_train_end(self, history, status, reason=None):
         if history:
             plot_curves(history, self.path)
 

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from .errors import ParamsError
-from .files import fsync_path, umask_mode
+from .files import fsync_path, umask_mode, write_guard
 from .modes import semantics
 from .optimizer_state import has_optimizer_state, load_optimizer_state, save_optimizer_state
 from .params import assign_parameters, read_parameter_file, save_parameters
@@ -32,21 +32,12 @@ def save_checkpoint(run_dir, dp, state, keep=3):
     name = f"epoch-{state['epoch']:05d}-batch-{state['batch']:07d}"
     final = os.path.join(root, name)
     if not os.path.isdir(final):
-        tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=root)
-        os.chmod(tmp, umask_mode(0o777))
-        pause = float(os.environ.get(_PAUSE_ENV, 0))
-        save_parameters(dp.net, os.path.join(tmp, "net.params"))
-        if pause:
-            time.sleep(pause)
-        with semantics(dp.is_np):
-            save_optimizer_state(dp.trainer, tmp)
-        with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump({**state, "complete": True}, f, indent=2, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_path(tmp)
-        os.rename(tmp, final)
-        fsync_path(root)
+        with write_guard(final) as temporaries:
+            tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=root)
+            temporaries.append(tmp)
+            _write_checkpoint(tmp, dp, state)
+            os.rename(tmp, final)
+            fsync_path(root)
     for old, _ in complete_checkpoints(run_dir)[:-keep] if keep else []:
         shutil.rmtree(old, ignore_errors=True)
     for leftover in os.listdir(root):  # temporaries of writes that a kill cut short
@@ -55,32 +46,61 @@ def save_checkpoint(run_dir, dp, state, keep=3):
     return final
 
 
+def _write_checkpoint(tmp, dp, state):
+    os.chmod(tmp, umask_mode(0o777))
+    pause = float(os.environ.get(_PAUSE_ENV, 0))
+    save_parameters(dp.net, os.path.join(tmp, "net.params"))
+    if pause:
+        time.sleep(pause)
+    with semantics(dp.is_np):
+        save_optimizer_state(dp.trainer, tmp)
+    with open(os.path.join(tmp, "state.json"), "w") as f:
+        json.dump({**state, "complete": True}, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_path(tmp)
+
+
 REQUIRED = {"epoch": int, "batch": int, "seconds": (int, float), "metrics": dict, "history": list, "config": dict}
 
 
 def _read_state(directory):
-    """The state of a complete checkpoint, else None: every file present, state.json
-    valid and holding the fields a resume reads."""
+    """``(state, None)`` for a complete checkpoint, else ``(None, what is wrong)``: every
+    file present, state.json valid and holding the fields a resume reads."""
     try:
         with open(os.path.join(directory, "state.json")) as f:
             state = json.load(f)
-    except (OSError, ValueError):
-        return None
-    files_ok = os.path.isfile(os.path.join(directory, "net.params")) and has_optimizer_state(directory)
-    fields_ok = isinstance(state, dict) and all(isinstance(state.get(k), t) for k, t in REQUIRED.items())
-    return state if files_ok and fields_ok and state.get("complete") else None
+    except OSError as e:
+        return None, f"cannot read state.json: {e.strerror or e}"
+    except ValueError:
+        return None, "state.json is not valid JSON"
+    if not isinstance(state, dict) or not state.get("complete"):
+        return None, "state.json does not mark it complete"
+    wrong = [k for k, kind in REQUIRED.items() if not isinstance(state.get(k), kind)]
+    if wrong:
+        return None, "state.json lacks or garbles " + ", ".join(wrong)
+    if not (os.path.isfile(os.path.join(directory, "net.params")) and has_optimizer_state(directory)):
+        return None, "a file is missing"
+    return state, None
+
+
+def checkpoints(run_dir):
+    """``(complete, broken)``: ``[(directory, state)]`` of the complete checkpoints, least
+    advanced first (by epoch, then batch; gluon_gpu 0.1 named them step-N), and
+    ``[(directory, what is wrong)]`` of the others (temporaries of unfinished writes aside)."""
+    root = os.path.join(run_dir, CHECKPOINTS)
+    try:
+        names = sorted(n for n in os.listdir(root) if n.startswith(("epoch-", "step-")))
+    except OSError:
+        return [], []
+    found = [(os.path.join(root, n), *_read_state(os.path.join(root, n))) for n in names]
+    complete = sorted(((d, s) for d, s, _ in found if s is not None), key=lambda ds: (ds[1]["epoch"], ds[1]["batch"]))
+    return complete, [(d, problem) for d, s, problem in found if s is None]
 
 
 def complete_checkpoints(run_dir):
-    """``[(directory, state)]`` of the complete checkpoints, least advanced first (by
-    epoch, then batch; gluon_gpu 0.1 named them step-N)."""
-    root = os.path.join(run_dir, CHECKPOINTS)
-    try:
-        names = [n for n in os.listdir(root) if n.startswith(("epoch-", "step-"))]
-    except OSError:
-        return []
-    found = [(os.path.join(root, n), _read_state(os.path.join(root, n))) for n in names]
-    return sorted(((d, s) for d, s in found if s is not None), key=lambda ds: (ds[1]["epoch"], ds[1]["batch"]))
+    """The complete checkpoints of ``checkpoints``, least advanced first."""
+    return checkpoints(run_dir)[0]
 
 
 def latest_checkpoint(run_dir):

@@ -23,3 +23,13 @@ class ParamsError(UserError):
 
 class DivergedError(UserError):
     """The loss became NaN or infinite; the last good parameters were kept."""
+
+
+class WriteError(Exception):
+    """A file of the run could not be written (disk full, permissions lost mid-run): not
+    the user's input, so exit status 1; the temporaries are gone and the previous
+    complete files stand."""
+
+    def __init__(self, path, reason):
+        super().__init__(f"cannot write {path}: {reason}")
+        self.path, self.reason = path, reason

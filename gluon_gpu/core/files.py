@@ -2,12 +2,17 @@
 
 A crash at any moment leaves either the old file or the new one, never half of one.
 """
+import contextlib
+import errno
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 
-from .errors import UserError
+from .errors import UserError, WriteError
+
+FULL_BELOW = 1 << 20  # bytes free under which a failed write is put down to a full disk
 
 
 def fsync_path(path):
@@ -28,21 +33,57 @@ def umask_mode(mode):
     return mode & ~mask
 
 
+def write_failure(error, path):
+    """A WriteError naming ``path`` and why, for an error raised while writing it, or
+    None if ``error`` is not a write failure (a bug keeps its traceback). Libraries that
+    write through C (MXNet's ``nd.save``) report a full disk as their own error, so the
+    disk's free space is asked too; call this before removing the temporaries."""
+    if isinstance(error, WriteError):  # a file inside ``path`` (a checkpoint directory)
+        reason = error.reason
+    elif isinstance(error, OSError):
+        reason = error.strerror or str(error)
+    else:
+        try:
+            full = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free < FULL_BELOW
+        except OSError:
+            full = False
+        if not full:
+            return None
+        reason = os.strerror(errno.ENOSPC)
+    return WriteError(path, reason)
+
+
+@contextlib.contextmanager
+def write_guard(path):
+    """Guard the writing of ``path``: the temporaries the body adds to the yielded list
+    are removed if it fails however it fails, and a write failure becomes a WriteError."""
+    temporaries = []
+    try:
+        yield temporaries
+    except BaseException as e:
+        failure = write_failure(e, path) if isinstance(e, Exception) else None
+        for tmp in temporaries:
+            if os.path.isdir(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+            elif os.path.exists(tmp):
+                os.remove(tmp)
+        if failure is None:
+            raise
+        raise failure from None
+
+
 def atomic_write(path, write):
     """Call ``write(tmp_path)`` then move the finished file to ``path`` atomically."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
+    with write_guard(path) as temporaries:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+        os.close(fd)
+        temporaries.append(tmp)
         write(tmp)
         os.chmod(tmp, umask_mode(0o666))
         fsync_path(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    fsync_path(directory)
+        fsync_path(directory)
 
 
 def write_text(path, text):

@@ -17,16 +17,29 @@ class Interrupted(Exception):
 
 
 class StopFlag:
-    """Set by a signal handler; the loop checks it between batches."""
+    """Set by a signal handler (``request``); the loop asks ``confirm`` between batches.
+
+    One process stops after the batch in progress. The workers of a synchronous
+    distributed job must all stop after the same step, or the ones still stepping wait
+    forever for the others' gradients: they agree at the loop's sync points (one small
+    sum over the workers), and stop when any of them was asked to. A worker stopped by
+    another takes that worker's signal as its own.
+    """
 
     def __init__(self):
         self.signum = None
+        self.confirmed = False
 
     def request(self, signum, _frame=None):
         self.signum = signum
 
-    def __bool__(self):
-        return self.signum is not None
+    def confirm(self, dp, sync_point):
+        """True once the loop is to stop after the current step."""
+        if not self.confirmed:
+            agreed = dp.agree_to_stop(self.signum, sync_point)
+            if agreed:
+                self.signum, self.confirmed = self.signum or agreed, True
+        return self.confirmed
 
 
 def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batch=0,
@@ -47,7 +60,9 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
     with bar:
         for i, (data, label) in enumerate(pipeline.epoch(epoch, start_batch), start_batch + 1):
             dp.step(data, label, return_loss=False)
-            if i % log_interval == 0 or i == batches or stop:
+            sync_point = i % log_interval == 0 or i == batches  # the same steps on every worker
+            stopping = stop is not None and stop.confirm(dp, sync_point)
+            if sync_point or stopping:
                 bad = dp.first_nonfinite_step()
                 if bad:
                     batch = done + bad
@@ -56,7 +71,7 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
                 bar.update(i - done)
                 bar.set_postfix(loss=f"{dp.read_metrics(reset=False)['loss']:.4f}")
                 done = i
-            if stop and i < batches:
+            if stopping and i < batches:
                 raise Interrupted(epoch, i, seconds_before + time.perf_counter() - start)
     metrics = dp.read_metrics()
     metrics["seconds"] = seconds_before + time.perf_counter() - start
@@ -105,6 +120,6 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
         history.append(record)
         for cb in callbacks:
             cb.on_epoch_end(record, history)
-        if stop and epoch + 1 < epochs:
+        if stop is not None and stop.confirmed and epoch + 1 < epochs:
             raise Interrupted(epoch + 1, 0, 0.0)
     return history

@@ -12,6 +12,8 @@ MXNet's async engine, and ``gluon.Trainer`` aggregates the gradients through the
 transform and the task head (loss and metrics, heads.py) are passed in, and the network
 may use either MXNet API (modes.py).
 """
+import signal
+
 import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon, nd
@@ -24,6 +26,8 @@ from .heads import Classification, Head, head_for
 from .kvstores import check_options, default_kvstore
 from .metrics import DeviceSums, report
 from .modes import legacy, model_is_np, semantics, to_api
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # what a training loop stops on, in precedence
 
 
 class DataParallel:
@@ -111,6 +115,10 @@ class DataParallel:
         self.kvstore._barrier()  # pylint: disable=protected-access
         self._metric_key = 1 << 20  # beyond any parameter index
         self.kvstore.init(self._metric_key, nd.zeros((self.sums.width + 1,)))
+        self._stop_key = self._metric_key + 1
+        self.kvstore.init(self._stop_key, nd.zeros((len(STOP_SIGNALS),)))
+        self._state_key = self._metric_key + 2
+        self.kvstore.init(self._state_key, nd.zeros((self.sums.width * len(self.ctx) + 1,)))
 
     # -- the step -----------------------------------------------------------
     def split(self, data, label):
@@ -168,19 +176,45 @@ class DataParallel:
         self.sums.reset()
 
     def _allreduce(self, vector, samples):
-        local = nd.array(np.concatenate([vector, [samples]]))
-        self.kvstore.push(self._metric_key, local)
-        total = nd.zeros(local.shape)
-        self.kvstore.pull(self._metric_key, out=total)
-        total = total.asnumpy()
+        total = self._sum_over_workers(self._metric_key, np.concatenate([vector, [samples]]))
         return total[:-1], int(round(total[-1]))
 
+    def _sum_over_workers(self, key, vector):
+        local = nd.array(vector)
+        self.kvstore.push(key, local)
+        total = nd.zeros(local.shape)
+        self.kvstore.pull(key, out=total)
+        return total.asnumpy()
+
+    def agree_to_stop(self, signum, sync_point):
+        """The signal to stop on after this step, or None. One process: its own request
+        (``signum``), at once. Synchronous workers: at sync points only (every worker
+        calls this at the same steps), any worker's request, so all stop together;
+        SIGTERM wins over SIGINT when workers got different ones."""
+        if not self._sync:
+            return signum
+        if not sync_point:
+            return None
+        votes = self._sum_over_workers(self._stop_key, [float(signum == s) for s in STOP_SIGNALS])
+        return next((s for s, n in zip(STOP_SIGNALS, votes) if n > 0), None)
+
     def metric_state(self):
-        """The running sums behind ``read_metrics`` (for checkpoints)."""
-        return self.sums.state()
+        """The running sums behind ``read_metrics`` (for checkpoints). Synchronous workers
+        must all call it at the same step: it returns the sums over all of them."""
+        state = self.sums.state()
+        if self._sync:
+            flat = np.concatenate([np.ravel(state["sums"]), [state["samples"]]])
+            total = self._sum_over_workers(self._state_key, flat)
+            state = {"sums": total[:-1].reshape(len(self.ctx), -1).tolist(), "samples": int(round(total[-1]))}
+        return state
 
     def load_metric_state(self, state):
-        self.sums.load_state(state)
+        """Resume the running sums of ``metric_state``; in a distributed job rank 0 holds
+        them for the whole job and the other workers start from zero."""
+        if self.rank == 0:
+            self.sums.load_state(state)
+        else:
+            self.sums.reset()
 
     # -- evaluation -----------------------------------------------------------
     def evaluate(self, batches):

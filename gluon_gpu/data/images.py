@@ -32,9 +32,10 @@ def open_image(path):
         with warnings.catch_warnings():  # Pillow's DecompressionBombWarning: bounded below
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             im = Image.open(path)
-    except (UnidentifiedImageError, Image.DecompressionBombError) as e:
-        reason = "not an image Pillow can read" if isinstance(e, UnidentifiedImageError) else "too large"
-        raise DataError(f"{path}: {reason}") from None
+    except UnidentifiedImageError:
+        raise DataError(f"{path}: not an image Pillow can read") from None
+    except Image.DecompressionBombError as e:  # Pillow's own bound, above ours
+        raise DataError(f"{path}: image is over the {MAX_PIXELS // 1_000_000}M pixels read here ({e})") from None
     except OSError as e:
         raise DataError(f"{path}: {e.strerror or e}") from None
     w, h = im.size

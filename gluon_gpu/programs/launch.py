@@ -11,11 +11,16 @@ MXNet's own ``tools/launch.py`` does, and the scheduler runs here.
 
 If any process dies, or the job outlives ``--timeout``, every other process is stopped
 (SIGTERM, then SIGKILL after ``--grace`` seconds), all are reaped, and the launcher exits
-1 naming the role that failed. Each process runs in its own process group, so helpers it
-started (DataLoader workers) are stopped with it.
+1 naming the role that failed; with ``--max-restarts N`` a job whose process died is
+started again, up to N times, and its workers continue their run from its newest complete
+checkpoint. SIGTERM or SIGINT to the launcher is passed on to the workers, which stop
+together after a step, rank 0 writing a checkpoint; the launcher exits 143/130 when they
+are done. No role outlives the launcher: local ones get SIGKILL from the kernel when it
+dies, remote ones from a wrapper (remote_role.py) that watches its ssh session. Each
+process runs in its own process group, so helpers it started (DataLoader workers) are
+stopped with it.
 """
 import argparse
-import ctypes
 import os
 import shlex
 import signal
@@ -25,10 +30,11 @@ import sys
 import time
 import uuid
 
+from . import remote_role
 from .cli import Parser, non_negative_int, positive_int
 
-PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 JOB_ENV = "GLUON_GPU_JOB"  # marks every process of a job (tests look for leftovers by it)
+RESTART_ENV = "GLUON_GPU_RESTART"  # the restart's number, for the workers (programs/train.py)
 
 
 def build_parser():
@@ -42,7 +48,12 @@ def build_parser():
     p.add_argument("--port", type=non_negative_int, default=0, help="scheduler port (0: a free one)")
     p.add_argument("--timeout", type=non_negative_int, default=0, help="seconds before the job is stopped (0: none)")
     p.add_argument("--grace", type=positive_int, default=10,
-                   help="seconds between SIGTERM and SIGKILL, and for servers to finish after the workers")
+                   help="seconds between SIGTERM and SIGKILL, for workers to checkpoint after a "
+                        "forwarded signal, and for servers to finish after the workers")
+    p.add_argument("--max-restarts", type=non_negative_int, default=0,
+                   help="start a job whose process died again, up to N times; its workers resume "
+                        "their --out from the newest complete checkpoint")
+    p.add_argument("--ssh-config", help="ssh client configuration file for the hosts (ssh -F)")
     p.add_argument("--python", default=sys.executable, help="interpreter for the scheduler and servers")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the worker command")
     return p
@@ -66,96 +77,141 @@ def read_hostfile(path):
     return hosts
 
 
-def plan(args, job, port, hosts=None, cwd=None):
+def plan(args, job, port, hosts=None, cwd=None, restart=0):
     """``[(role, index, host or None, argv, env)]`` for the scheduler, servers and workers."""
     root = "127.0.0.1" if not hosts else (args.scheduler_host or socket.gethostbyname(socket.gethostname()))
     base = {"DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
             "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
-            JOB_ENV: job}
+            JOB_ENV: job, **({RESTART_ENV: str(restart)} if restart else {})}
     server_cmd = [args.python, "-c", "import mxnet"]
-    procs = [("scheduler", 0, None, server_cmd, {**base, "DMLC_ROLE": "scheduler"})]
+    # Each role listens on the address it advertises (DMLC_NODE_HOST, else its first
+    # non-loopback interface's): local roles on loopback only.
+    procs = [("scheduler", 0, None, server_cmd, {**base, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": root})]
     for role, count, cmd in (("server", args.num_servers, server_cmd), ("worker", args.num_workers, args.command)):
         for i in range(count):
             host = hosts[i % len(hosts)] if hosts else None
-            env = {**base, "DMLC_ROLE": role}
-            argv = cmd if host is None else ssh_command(host, env, cmd, cwd or os.getcwd())
+            env = {**base, "DMLC_ROLE": role, **({} if host else {"DMLC_NODE_HOST": "127.0.0.1"})}
+            argv = cmd if host is None else ssh_command(host, env, cmd, cwd or os.getcwd(), args.python,
+                                                        args.ssh_config)
             procs.append((role, i, host, argv, env))
     return procs
 
 
-def ssh_command(host, env, cmd, cwd):
-    """The ssh line that runs ``cmd`` with ``env`` in ``cwd`` on ``host`` ([user@]host[:port])."""
+def ssh_command(host, env, cmd, cwd, python, ssh_config=None):
+    """The ssh line that runs ``cmd`` with ``env`` in ``cwd`` on ``host`` ([user@]host[:port]),
+    under the remote wrapper (run by ``python`` there), which ends it with the ssh session."""
     target, _, port = host.partition(":")
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-    remote = f"cd {shlex.quote(cwd)} && env {exports} {' '.join(shlex.quote(c) for c in cmd)}"
+    wrapped = [python, "-c", remote_role.SOURCE] + list(cmd)
+    remote = f"cd {shlex.quote(cwd)} && exec env {exports} {' '.join(shlex.quote(c) for c in wrapped)}"
     return ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes"] + \
-        (["-p", port] if port else []) + [target, remote]
+        (["-F", ssh_config] if ssh_config else []) + (["-p", port] if port else []) + [target, remote]
 
 
 class CannotStart(Exception):
     """A process of the job could not be started; the message says which and why."""
 
 
-def _die_with_launcher():
-    """In each local child, before exec: the kernel sends it SIGKILL when the launcher
-    dies, however it dies (kill -9 included), so no role outlives its job."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+class Role:
+    """One started process of a job: local, or an ssh session to a remote wrapper whose
+    stdin carries signals (remote_role.py)."""
+
+    def __init__(self, name, role, argv, env, remote):
+        self.name, self.role, self.remote = name, role, remote
+        self.popen = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=remote_role.die_with_parent,
+                                      stdin=subprocess.PIPE if remote else subprocess.DEVNULL)
+
+    def poll(self):
+        return self.popen.poll()
+
+    def signal(self, signum):
+        """Send ``signum`` to the role itself (not its helpers: the role handles it)."""
+        if self.remote:
+            self._control(f"{signal.Signals(signum).name}\n")
+        elif self.poll() is None:
+            os.kill(self.popen.pid, signum)
+
+    def terminate(self):
+        """SIGTERM to the role and its helpers (remote: through the wrapper, keeping the
+        session, whose end would be SIGKILL)."""
+        if self.remote:
+            self.signal(signal.SIGTERM)
+        else:
+            _signal_group(self.popen, signal.SIGTERM)
+
+    def kill(self):
+        if self.remote:  # the end of the control line: the wrapper kills the remote group
+            self._control(None)
+        _signal_group(self.popen, signal.SIGKILL)
+
+    def _control(self, text):
+        try:
+            if text is None:
+                self.popen.stdin.close()
+            else:
+                self.popen.stdin.write(text.encode())
+                self.popen.stdin.flush()
+        except (BrokenPipeError, ValueError):  # the session or the pipe is already gone
+            pass
 
 
 class Job:
-    """The running processes of one launch, and the one way they all stop."""
+    """The running processes of one launch, and the ways they stop."""
 
     def __init__(self, procs, grace):
-        self.procs = []
+        self.roles = []
         for role, index, host, argv, env in procs:
             child_env = {**os.environ, **env} if host is None else {**os.environ, JOB_ENV: env[JOB_ENV]}
             name = f"{role} {index}" + (f" on {host}" if host else "")
             try:
-                popen = subprocess.Popen(argv, env=child_env, start_new_session=True,
-                                         preexec_fn=_die_with_launcher)
+                self.roles.append(Role(name, role, argv, child_env, remote=host is not None))
             except OSError as e:
                 self.stop_all(grace)  # the roles already started: nothing left behind
                 raise CannotStart(f"cannot start {name} ({argv[0]}): {e.strerror or e}") from None
-            self.procs.append((name, role, popen))
 
     def workers(self):
-        return [(name, p) for name, role, p in self.procs if role == "worker"]
+        return [r for r in self.roles if r.role == "worker"]
 
-    def watch(self, timeout, grace, stop):
-        """None when every worker succeeded, else the one-line reason the job failed."""
-        start = time.monotonic()
+    def watch(self, deadline, grace, stop):
+        """None when every worker succeeded, else ``(kind, reason)``: kind 'died',
+        'signal' or 'timeout', reason a phrase for the one line."""
         while True:
             if stop:
-                return f"stopped by {signal.Signals(stop[0]).name}"
-            for name, role, p in self.procs:
-                code = p.poll()
-                if code is None or code == 0:
-                    continue  # a clean exit; the scheduler and servers leave as workers finish
-                return f"{name} {_describe(code)}"
-            if all(p.poll() == 0 for _, p in self.workers()):
-                self._wait_servers(grace)
+                return "signal", f"stopped by {signal.Signals(stop[0]).name}"
+            for r in self.roles:
+                code = r.poll()
+                if code is not None and code != 0:  # a clean exit: servers leave as workers finish
+                    return "died", f"{r.name} {_describe(code)}"
+            if all(r.poll() == 0 for r in self.workers()):
+                self._wait(self.roles, grace)
                 return None
-            if timeout and time.monotonic() - start > timeout:
-                return f"timed out after {timeout} s"
+            if deadline and time.monotonic() > deadline:
+                return "timeout", "timed out"
             time.sleep(0.1)
 
-    def _wait_servers(self, grace):
+    def interrupt(self, signum, grace, stop):
+        """Pass ``signum`` on to the workers (they stop together, rank 0 checkpoints) and
+        wait for them, up to ``grace`` s or a second signal."""
+        for r in self.workers():
+            r.signal(signum)
+        self._wait(self.workers(), grace, lambda: len(stop) > 1)
+
+    @staticmethod
+    def _wait(roles, grace, cut_short=lambda: False):
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.poll() is None for _, _, p in self.procs):
+        while time.monotonic() < deadline and not cut_short() and any(r.poll() is None for r in roles):
             time.sleep(0.1)
 
     def stop_all(self, grace):
-        """SIGTERM every process group still running, SIGKILL after ``grace`` s, reap all."""
-        for _, _, p in self.procs:
-            _signal_group(p, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.poll() is None for _, _, p in self.procs):
-            time.sleep(0.1)
-        for _, _, p in self.procs:
-            _signal_group(p, signal.SIGKILL)  # the group too: helpers of an exited leader
-        for _, _, p in self.procs:
-            p.wait()
+        """SIGTERM every process still running, SIGKILL after ``grace`` s, reap all."""
+        for r in self.roles:
+            if r.poll() is None:
+                r.terminate()
+        self._wait(self.roles, grace)
+        for r in self.roles:
+            r.kill()  # the group too: helpers of an exited leader
+        for r in self.roles:
+            r.popen.wait()
 
 
 def _signal_group(p, signum):
@@ -180,21 +236,31 @@ def main(argv=None):
         return 2
     hosts = read_hostfile(args.hostfile) if args.hostfile else None
     job_id = os.environ.get(JOB_ENV) or uuid.uuid4().hex  # a caller may name the job
-    stop = []
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    stop, failure = [], None
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda s, _f: stop.append(s))
-    try:
-        job = Job(plan(args, job_id, args.port or free_port(), hosts), args.grace)
-    except CannotStart as e:
-        print(f"gluon_gpu.launch: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        failure = job.watch(args.timeout, args.grace, stop)
-    finally:
-        job.stop_all(args.grace)
-    if failure:
-        print(f"gluon_gpu.launch: {failure}; stopped all {len(job.procs)} processes of the job",
-              file=sys.stderr)
-        return 128 + stop[0] if stop else 1
-    return 0
-
+    for restart in range(args.max_restarts + 1):
+        if restart:
+            print(f"gluon_gpu.launch: {failure}; restart {restart} of {args.max_restarts}: the workers "
+                  "resume from the newest complete checkpoint", file=sys.stderr, flush=True)
+        try:
+            job = Job(plan(args, job_id, args.port or free_port(), hosts, restart=restart), args.grace)
+        except CannotStart as e:
+            print(f"gluon_gpu.launch: error: {e}", file=sys.stderr)
+            return 2
+        try:
+            outcome = job.watch(deadline, args.grace, stop)
+            if outcome and outcome[0] == "signal":
+                job.interrupt(stop[0], args.grace, stop)
+        finally:
+            job.stop_all(0 if len(stop) > 1 else args.grace)
+        if outcome is None:
+            return 0
+        kind, failure = outcome
+        if kind == "timeout":
+            failure += f" after {args.timeout} s"
+        if kind != "died":
+            break
+    print(f"gluon_gpu.launch: {failure}; stopped all {len(job.roles)} processes of the job", file=sys.stderr)
+    return 128 + stop[0] if stop else 1

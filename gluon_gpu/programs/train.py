@@ -15,9 +15,9 @@ import mxnet as mx
 
 from .. import __version__
 from ..core.callbacks import CurvesPlot, EpochPrinter, MetricsFile
-from ..core.checkpoint import complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
+from ..core.checkpoint import checkpoints, complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from ..core.devices import describe, devices, thread_settings
-from ..core.errors import DivergedError, UserError
+from ..core.errors import DivergedError, UserError, WriteError
 from ..core.kvstores import default_kvstore
 from ..core.loop import Interrupted, StopFlag, fit
 from ..core.files import RunLock
@@ -26,6 +26,7 @@ from ..models.fused_conv import is_fused
 from ..models.loading import adapt_keys
 from .cli import Parser, main_guard, parse_args, progress_enabled
 from .config import EPOCH_SHAPED_LR, RESUMABLE, RunConfig, add_flags, flag_name
+from .launch import RESTART_ENV
 from .run import build_run
 
 
@@ -56,7 +57,7 @@ def resume_config(argv, run_dir):
     config = RunConfig.from_dict(state["config"])
     changes = {}
     for name, value in explicit_flags(argv).items():
-        if name in ("resume", "dry_run"):
+        if name in ("resume", "dry_run") or (name == "out" and value == run_dir):
             continue
         if name not in RESUMABLE and getattr(config, name) != value:
             raise UserError(f"{flag_name(name)} {value} differs from the run's {getattr(config, name)}; on "
@@ -66,6 +67,15 @@ def resume_config(argv, run_dir):
                             "that schedule is laid out over the run's epochs")
         changes[name] = value
     return replace(config, **changes, out=run_dir), state
+
+
+def restart_from(out):
+    """A job restarted by the launcher continues its run: ``out`` if it holds a complete
+    checkpoint (the job is then a --resume of it), else None (it starts afresh)."""
+    if not out:
+        raise UserError("a job launched with --max-restarts needs --out on the worker command, "
+                        "so that a restart finds the run it continues")
+    return out if complete_checkpoints(out) else None
 
 
 def prepare_out_dir(path):
@@ -117,11 +127,14 @@ class Checkpointer:
         self.last = None
 
     def save(self, epoch, batch, history, seconds=0.0):
-        """Write a checkpoint (rank 0 of a distributed job only) and return its directory."""
+        """Write a checkpoint (rank 0 of a distributed job only; every worker calls this,
+        at the same steps) and return its directory. ``batch`` counts global batches of
+        this many workers: a resume with another worker count converts it."""
+        metrics = self.dp.metric_state()  # synchronous workers: a sum over all of them
         if not self.chief:
             return None
-        state = {"epoch": epoch, "batch": batch,
-                 "seconds": seconds, "metrics": self.dp.metric_state(), "history": history, **self.record}
+        state = {"epoch": epoch, "batch": batch, "workers": self.dp.num_workers,
+                 "seconds": seconds, "metrics": metrics, "history": history, **self.record}
         self.last = save_checkpoint(self.out, self.dp, state, self.config.keep)
         return self.last
 
@@ -171,6 +184,8 @@ def main(argv=None):
     args = parse_args(build_parser(), argv)
     state = None
     config = RunConfig.from_dict(vars(args))
+    if os.environ.get(RESTART_ENV) and not args.resume:
+        args.resume = restart_from(config.out)
     if args.resume:
         config, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
     with devices(config.devices) as ctx:
@@ -201,21 +216,43 @@ def resume_point(out, run, config, chief):
     does not; ``(epoch, batch, seconds, history)`` to go on from, or None when the run
     already finished its epochs."""
     dp = run.dp
-    for directory, state in reversed(complete_checkpoints(out)):
+
+    def skip(directory, why):
+        if chief:
+            print(f"gluon_gpu.train: skipping checkpoint {directory}: {why}", file=sys.stderr, flush=True)
+    complete, broken = checkpoints(out)
+    for directory, problem in broken:
+        skip(directory, problem)
+    for directory, state in reversed(complete):
+        workers = state.get("workers", 1)
+        batch = same_position(state["batch"], workers, dp.num_workers)
+        if batch is None:
+            skip(directory, f"{dp.num_workers} workers cannot continue exactly from its position (epoch "
+                            f"{state['epoch'] + 1}, global batch {state['batch']} of {workers} workers)")
+            continue
         try:
             load_checkpoint(directory, dp, adapt_keys(config.model, config.ensemble))
             dp.load_metric_state(upgrade_metric_state(state["metrics"], dp.sums.width))
         except (UserError, mx.base.MXNetError, pickle.UnpicklingError, EOFError, KeyError, TypeError,
                 ValueError, IndexError, AssertionError) as e:
-            print(f"gluon_gpu.train: skipping checkpoint {directory}: {last_line(e)}", file=sys.stderr, flush=True)
+            skip(directory, last_line(e))
             continue
         if state["epoch"] >= config.epochs:
-            print(f"{out} already finished {state['epoch']} epochs; pass --epochs N to train more")
+            if chief:
+                print(f"{out} already finished {state['epoch']} epochs; pass --epochs N to train more")
             return None
         if chief:
-            print(f"resuming from {directory} (epoch {state['epoch'] + 1}, batch {state['batch'] + 1})")
-        return state["epoch"], state["batch"], state["seconds"], state["history"]
+            print(f"resuming from {directory} (epoch {state['epoch'] + 1}, batch {batch + 1})")
+        return state["epoch"], batch, state["seconds"], state["history"]
     raise UserError(f"--resume {out}: no checkpoint in {out}/checkpoints loads")
+
+
+def same_position(batch, workers, now_workers):
+    """The batch index at which ``now_workers`` workers continue an epoch that ``workers``
+    left after global batch ``batch`` (all take the same global order, in global batches
+    of ``--batch-size`` x workers), or None when that falls inside a global batch."""
+    samples = batch * workers  # in units of one worker's batch
+    return samples // now_workers if samples % now_workers == 0 else None
 
 
 def _save_replica(dp):
@@ -228,8 +265,9 @@ def _save_replica(dp):
 
 
 def _train(config, ctx, out, run, start, chief, resumed, progress):
-    dp = run.dp
-    start_epoch, start_batch, seconds_before, history = start
+    """The run's callbacks and checkpoints around ``_fit``; a failed write ends it with
+    one line, exit 1, the status 'failed' with its reason, and the run resumable."""
+    dp, history = run.dp, start[3]
     record = {"config": config.to_dict(), "data": run.data.spec.to_dict()}
     header = {**record, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
               "fused_conv": is_fused(dp.net), "mxnet": mx.__version__, "gluon_gpu": __version__}
@@ -237,41 +275,72 @@ def _train(config, ctx, out, run, start, chief, resumed, progress):
                  MetricsFile(os.path.join(out, "metrics.json"), header),
                  CurvesPlot(os.path.join(out, "curves.png"))] if chief else []
     checkpointer = Checkpointer(out, dp, len(run.train), record, config, chief)
-    last_good = _KeepLastGood(dp.net, start_epoch)
-    if not resumed:  # from here on a kill at any moment leaves something to resume
-        checkpointer.save(0, 0, [])
+    last_good = _KeepLastGood(dp.net, start[0])
     stop = StopFlag()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, stop.request)
-    status = "finished"
+    try:
+        if not resumed:  # from here on a kill at any moment leaves something to resume
+            checkpointer.save(0, 0, [])  # (Ctrl-C inside it: KeyboardInterrupt, exit 130, main_guard)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, stop.request)
+        return _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, progress)
+    except WriteError as e:
+        recorded = _end(callbacks, history, "failed", str(e))
+        _, state = latest_checkpoint(out)
+        where = (f"continue from its epoch {state['epoch']}, batch {state['batch']} with: {_resume_command(out)}"
+                 if state else "no checkpoint was completed: start it again")
+        print(f"gluon_gpu.train: error: {e}; {where}"
+              f"{'' if recorded else ' (metrics.json could not record the failure either)'}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _resume_command(out):
+    return f"python -m gluon_gpu.train --resume {shlex.quote(out)}"
+
+
+def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, progress):
+    """Train to the end, or to a stop request (a checkpoint, exit 128 + signal), or to a
+    NaN loss (the last good parameters kept)."""
+    dp, chief = run.dp, checkpointer.chief
+    start_epoch, start_batch, seconds_before, history = start
     try:
         fit(dp, run.train, run.val, config.epochs, callbacks + [checkpointer, last_good],
             start_epoch, start_batch, config.log_interval, progress, history, stop, seconds_before)
     except Interrupted as e:
-        status = "interrupted"
         where = checkpointer.save(e.epoch, e.batch, history, e.seconds)
-        for cb in callbacks:
-            cb.on_train_end(history, status)
-        name = signal.Signals(stop.signum).name
-        print(f"gluon_gpu.train: {name}: stopped in epoch {e.epoch + 1} after batch {e.batch}; "
-              f"checkpoint {where}; resume with: python -m gluon_gpu.train --resume {shlex.quote(out)}",
-              file=sys.stderr)
+        _end(callbacks, history, "interrupted")
+        if chief:
+            print(f"gluon_gpu.train: {signal.Signals(stop.signum).name}: stopped in epoch {e.epoch + 1} "
+                  f"after batch {e.batch}; checkpoint {where}; resume with: {_resume_command(out)}",
+                  file=sys.stderr)
         return 128 + stop.signum
     except DivergedError as e:
         if chief:
             last_good.snapshot.save(os.path.join(out, "net.params"))
-        for cb in callbacks:
-            cb.on_train_end(history, "diverged")
+        _end(callbacks, history, "diverged")
         kept = f"; last good checkpoint {checkpointer.last}" if checkpointer.last else ""
         raise DivergedError(f"{e}; kept the parameters of {last_good.describe()} in "
                             f"{out}/net.params{kept}; try a lower --lr") from None
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if chief:
         save_parameters(dp.net, os.path.join(out, "net.params"))
-        for cb in callbacks:
-            cb.on_train_end(history, status)
+    _end(callbacks, history, "finished")
+    if chief:
         print(f"saved {out}/net.params, {out}/metrics.json, {out}/curves.png, checkpoints in {out}/checkpoints")
     return 0
 
+
+def _end(callbacks, history, status, reason=None):
+    """Tell every callback the run ended. Ending a run that failed on a write may fail
+    again here: that must not hide the first failure. False if metrics.json could not
+    record the end."""
+    recorded = True
+    for cb in callbacks:
+        try:
+            cb.on_train_end(history, status, reason)
+        except WriteError:
+            if reason is None:
+                raise
+            recorded = recorded and not isinstance(cb, MetricsFile)
+    return recorded

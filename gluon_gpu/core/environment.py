@@ -1,0 +1,61 @@
+"""The environment variables MXNet reads once, when it is imported, checked before that:
+on bad values MXNet 1.9 aborts (``OMP_NUM_THREADS=abc``: an uncaught C++ exception),
+crashes (``OMP_NUM_THREADS=100000``: a segfault when libgomp cannot make the threads),
+hangs (``MXNET_CPU_WORKER_NTHREADS=0``) or fails deep inside its engine
+(``MXNET_ENGINE_TYPE=Bogus``). Imports nothing of MXNet."""
+import os
+import sys
+
+from .errors import UserError
+
+THREADS_PER_CORE = 16  # far above any useful setting, far below what the machine cannot make
+THREAD_COUNTS = ("OMP_NUM_THREADS", "MXNET_CPU_WORKER_NTHREADS", "MXNET_CPU_PRIORITY_NTHREADS",
+                 "MXNET_GPU_WORKER_NTHREADS", "MXNET_GPU_COPY_NTHREADS")
+ENGINES = ("NaiveEngine", "ThreadedEngine", "ThreadedEnginePerDevice")
+SECONDS = ("GLUON_GPU_CHECKPOINT_PAUSE",)  # a fault-injection hook of the tests (checkpoint.py)
+
+
+def problem(env=None):
+    """The first bad variable as a one-line message, or None."""
+    env = os.environ if env is None else env
+    most = THREADS_PER_CORE * (os.cpu_count() or 1)
+    for name in THREAD_COUNTS:
+        value = env.get(name)
+        if value is None:
+            continue
+        if not (value.strip().isdigit() and 1 <= int(value) <= most):  # MXNet takes no OpenMP list
+            return f"{name}={value!r}: must be a whole number from 1 to {most} ({THREADS_PER_CORE} per core)"
+    engine = env.get("MXNET_ENGINE_TYPE")
+    if engine is not None and engine not in ENGINES:
+        return f"MXNET_ENGINE_TYPE={engine!r}: must be one of {', '.join(ENGINES)}"
+    for name in SECONDS:
+        value = env.get(name)
+        try:
+            ok = value is None or float(value) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            return f"{name}={value!r}: must be a number of seconds"
+    return None
+
+
+def running_a_program(argv=None, orig_argv=None):
+    """Whether this process is one of gluon_gpu's command-line programs (``python -m
+    gluon_gpu.X`` or a ``gluon-gpu-X`` script) rather than a user's code importing it."""
+    argv = sys.argv if argv is None else argv
+    orig = getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv
+    if "-m" in orig and orig.index("-m") + 1 < len(orig):
+        return orig[orig.index("-m") + 1].startswith("gluon_gpu")
+    return os.path.basename(argv[0] if argv else "").startswith("gluon-gpu-")
+
+
+def check():
+    """Raise UserError naming a bad variable; in a gluon_gpu program, print it as one
+    line and exit 2 instead, like every other bad input (no program code runs yet)."""
+    found = problem()
+    if found is None:
+        return
+    if running_a_program():
+        print(f"gluon_gpu: error: {found}", file=sys.stderr)
+        raise SystemExit(2)
+    raise UserError(found)

@@ -1,0 +1,84 @@
+"""The launcher across real hosts: network namespaces running openssh-server (hosts.py).
+CI runs as root and makes them; elsewhere the tests are skipped and say why."""
+import os
+import signal
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from hosts import Hosts, why_not_possible
+from test_distributed import TRAIN, job_processes, params, run_launch
+
+from conftest import read_metrics
+
+REASON = why_not_possible()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no namespace hosts here: {REASON}")
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    made = Hosts(tmp_path_factory.mktemp("hosts"))
+    yield made
+    made.close()
+
+
+def launch_on(hosts, tmp_path, worker_args, job, launcher_args=()):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(a + "\n" for a in hosts.addresses))
+    return run_launch(["-n", "2", "-s", "2", "--hostfile", str(hostfile), "--ssh-config", hosts.ssh_config,
+                       "--scheduler-host", hosts.local, *launcher_args, "--"] + worker_args, job)
+
+
+def wait_until_gone(job, hosts, timeout=15):
+    """Remote roles end when their ssh session does; give the kernel a moment."""
+    deadline = time.time() + timeout
+    while (job_processes(job) or any(hosts.pids().values())) and time.time() < deadline:
+        time.sleep(0.05)
+    return job_processes(job), hosts.pids()
+
+
+def test_a_dist_sync_job_across_two_hosts(hosts, tmp_path):
+    out, replicas, job = str(tmp_path / "run"), str(tmp_path / "replicas"), uuid.uuid4().hex
+    proc = launch_on(hosts, tmp_path, ["env", f"GLUON_GPU_REPLICA_DIR={replicas}"] + TRAIN +
+                     ["--epochs", "1", "--out", out], job)
+    printed, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    r0, r1 = params(os.path.join(replicas, "rank-0.params")), params(os.path.join(replicas, "rank-1.params"))
+    for k in r0:
+        np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
+    assert printed.count("epoch   1/1") == 1 and "(2 workers)" in printed  # rank 0 alone prints and writes
+    m = read_metrics(out)
+    assert m["workers"] == 2 and m["status"] == "finished" and m["epochs"][0]["val_acc"] > 0.5
+    assert wait_until_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
+
+
+def test_sigterm_reaches_remote_workers_through_ssh(hosts, tmp_path):
+    """ssh passes no signal on: the remote wrapper does, and rank 0 checkpoints."""
+    out, job = str(tmp_path / "run"), uuid.uuid4().hex
+    proc = launch_on(hosts, tmp_path, TRAIN + ["--epochs", "100", "--out", out, "--log-interval", "10"], job,
+                     ["--grace", "120"])
+    deadline = time.time() + 180
+    while not os.path.isdir(os.path.join(out, "checkpoints", "epoch-00001-batch-0000000")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "gluon_gpu.train: SIGTERM: stopped in epoch 2" in err
+    assert read_metrics(out)["status"] == "interrupted"
+    assert wait_until_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
+
+
+def test_no_remote_role_outlives_a_killed_launcher(hosts, tmp_path):
+    """kill -9 of the launcher ends its ssh sessions; each remote wrapper then kills its role."""
+    job = uuid.uuid4().hex
+    proc = launch_on(hosts, tmp_path, TRAIN + ["--epochs", "100", "--out", str(tmp_path / "run")], job)
+    deadline = time.time() + 180
+    while len([r for _, r in job_processes(job) if r == "worker"]) < 2:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert wait_until_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
