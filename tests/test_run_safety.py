@@ -268,3 +268,14 @@ def test_a_full_disk_is_one_line_leaves_no_temporary_and_resumes(runs, small_dis
     subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)  # space freed
     assert train.main(["--resume", out, "--quiet"]) == 0
     assert_same_run(runs[0], out)
+
+
+def test_temporaries_of_a_killed_write_are_removed_by_the_next_writer(runs, tmp_path):
+    out = str(tmp_path / "run")
+    shutil.copytree(runs[1], out)
+    leftover = os.path.join(out, ".metrics.json.k3j2_x.tmp")  # what a kill inside atomic_write leaves
+    with open(leftover, "w") as f:
+        f.write('{"half')
+    assert train.main(["--resume", out, "--epochs", "4", "--quiet"]) == 0
+    assert not os.path.exists(leftover)
+    assert_same_run(runs[0], out)

@@ -86,6 +86,21 @@ def atomic_write(path, write):
         fsync_path(directory)
 
 
+def remove_temporaries(directory):
+    """Remove the temporaries ``atomic_write`` left in ``directory`` when a kill cut it
+    short (only the directory's one writer may call this)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(".") and name.endswith(".tmp"):
+            try:
+                os.remove(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
 def write_text(path, text):
     def write(tmp):
         with open(tmp, "w") as f:

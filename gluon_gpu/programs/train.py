@@ -20,7 +20,7 @@ from ..core.devices import describe, devices, thread_settings
 from ..core.errors import DivergedError, UserError, WriteError
 from ..core.kvstores import default_kvstore
 from ..core.loop import Interrupted, StopFlag, fit
-from ..core.files import RunLock
+from ..core.files import RunLock, remove_temporaries
 from ..core.params import ParamSnapshot, last_line, save_parameters
 from ..models.fused_conv import is_fused
 from ..models.loading import adapt_keys
@@ -202,6 +202,8 @@ def main(argv=None):
         with RunLock(out) if chief else contextlib.nullcontext():
             if not args.resume:
                 prepare_out_dir(out)  # again under the lock: another writer may have begun meanwhile
+            if chief:
+                remove_temporaries(out)  # of writes a kill cut short
             start = resume_point(out, run, config, chief) if args.resume else (0, 0, 0.0, [])
             if start is None:
                 return 0
