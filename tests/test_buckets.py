@@ -111,10 +111,12 @@ def test_parameters_keep_their_multipliers(train_slice):
         assert changed == (p not in frozen), p.name
 
 
-def test_accumulated_gradients_use_the_trainers_own_exchange():
-    net = init_model("lenet", 0, CTX2, fused_conv="off")
-    net.collect_params().setattr("grad_req", "add")
-    assert not DataParallel(net, CTX2, "sgd", {"learning_rate": 0.1}).bucketing
+def test_accumulated_gradients_go_through_the_buckets_too(train_slice):
+    """--accumulate: backward adds into the bucket views; the same numbers as one key per
+    parameter, and the buckets are really used."""
+    bucketed, plain = fresh_dp(accumulate=2), fresh_dp(bucket_bytes=0, accumulate=2)
+    assert_same(train(bucketed, train_slice), train(plain, train_slice))
+    assert bucketed.buckets is not None and plain.buckets is None
 
 
 def test_reallocated_parameters_fail_clearly(train_slice):

@@ -34,11 +34,11 @@ DEFAULT_BUCKET_MB = DEFAULT_BUCKET_BYTES / 2**20  # --bucket-mb
 
 
 def bucketable(params):
-    """Buckets need every trained parameter dense with ``grad_req='write'``: accumulated
-    ('add') or sparse gradients are left to the Trainer's own exchange."""
-    return all(p.grad_req == "null" or (p.grad_req == "write" and p._stype == "default"  # pylint: disable=protected-access
-                                        and p._grad_stype == "default")  # pylint: disable=protected-access
-               for p in params)
+    """Buckets need every trained parameter dense, all with one ``grad_req`` ('write', or
+    'add' when accumulating): sparse gradients are left to the Trainer's own exchange."""
+    trained = [p for p in params if p.grad_req != "null"]
+    return len({p.grad_req for p in trained}) <= 1 and all(
+        p._stype == "default" and p._grad_stype == "default" for p in trained)  # pylint: disable=protected-access
 
 
 class Buckets:
@@ -75,7 +75,7 @@ class Buckets:
                 p._grad[i] = to_api(view, self._is_np)  # pylint: disable=protected-access
                 offset += n
             autograd.mark_variables([p.data(c) for p in group], [p.grad(c) for p in group],
-                                    grad_reqs="write")
+                                    grad_reqs=[p.grad_req for p in group])
             for p in group:  # marking clears the flag the Trainer checks; this step's are fresh
                 p.data(c)._fresh_grad = True  # pylint: disable=protected-access
         return per_device

@@ -49,12 +49,13 @@ class MetricsFile:
     """``OUT/metrics.json``: configuration, devices, versions and every epoch so far,
     rewritten atomically after each epoch so an interrupted run keeps its figures."""
 
-    def __init__(self, path, header):
-        self.path, self.header = path, dict(header)
+    def __init__(self, path, header, extra=None):
+        self.path, self.header, self.extra = path, dict(header), extra
 
     def write(self, history, status, reason=None):
+        """``extra(history)``: more top-level fields (the best epoch)."""
         write_json(self.path, {**self.header, "status": status, **({"reason": reason} if reason else {}),
-                               "epochs": history})
+                               **(self.extra(history) if self.extra else {}), "epochs": history})
 
     def on_epoch_end(self, record, history):
         self.write(history, "running")

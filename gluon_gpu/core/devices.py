@@ -130,7 +130,7 @@ def thread_settings():
             "cpu_parallel_rand_copy": number("MXNET_CPU_PARALLEL_RAND_COPY", 1)}
 
 
-def require_thread_settings(omp_threads=0, engine_threads=0, restart=False):
+def require_thread_settings(omp_threads=0, engine_threads=0, restart=False, extra=None):
     """Make this process run with ``omp_threads`` OpenMP threads per CPU operator and
     ``engine_threads`` engine workers per CPU context (0: leave as they are).
 
@@ -141,6 +141,7 @@ def require_thread_settings(omp_threads=0, engine_threads=0, restart=False):
     set before starting Python."""
     wanted = {THREAD_VARIABLES[name]: str(value) for name, value in
               (("omp_threads", omp_threads), ("engine_threads", engine_threads)) if value}
+    wanted.update(extra or {})  # other variables MXNet reads at start (MXNET_CPU_TEMP_COPY)
     missing = {k: v for k, v in wanted.items() if os.environ.get(k) != v}
     if not missing:
         return

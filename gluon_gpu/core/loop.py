@@ -43,23 +43,26 @@ class StopFlag:
 
 
 def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batch=0,
-                stop=None, seconds_before=0.0):
+                stop=None, seconds_before=0.0, on_log=None):
     """One pass over ``pipeline`` (epoch index ``epoch``, 0-based), from ``start_batch``.
 
     Returns ``{'loss', 'accuracy', 'samples', 'seconds'}``. Raises DivergedError naming
     the step of a NaN/inf loss, or Interrupted after the current batch when ``stop`` is set.
     The loss is read from the devices every ``log_interval`` batches only: that sync
-    bounds how far Python runs ahead of the engine and feeds the progress bar.
+    bounds how far Python runs ahead of the engine and feeds the progress bar and
+    ``on_log`` (the epoch's running train figures, the position and the learning rate).
     """
     batches = len(pipeline)
-    log_interval = min(log_interval, MAX_PENDING)  # the exact NaN step needs held outputs
+    # The exact NaN step needs held outputs (MAX_PENDING); a sync point must fall between
+    # updates (a multiple of --accumulate batches, which restart at every epoch).
+    log_interval = max(dp.accumulate, min(log_interval, MAX_PENDING) // dp.accumulate * dp.accumulate)
     bar = tqdm(total=batches, initial=start_batch, desc=f"epoch {epoch + 1}", leave=False,
                disable=not progress, unit="batch", dynamic_ncols=True)
     start = time.perf_counter()
     done = start_batch
     with bar:
         for i, (data, label) in enumerate(pipeline.epoch(epoch, start_batch), start_batch + 1):
-            dp.step(data, label, return_loss=False)
+            dp.step(data, label, return_loss=False, flush=i == batches)
             sync_point = i % log_interval == 0 or i == batches  # the same steps on every worker
             stopping = stop is not None and stop.confirm(dp, sync_point)
             if sync_point or stopping:
@@ -69,7 +72,11 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
                     raise DivergedError(f"loss became NaN/inf at step {epoch * batches + batch} "
                                         f"(epoch {epoch + 1}, batch {batch})")
                 bar.update(i - done)
-                bar.set_postfix(loss=f"{dp.read_metrics(reset=False)['loss']:.4f}")
+                running = dp.read_metrics(reset=False)
+                bar.set_postfix(loss=f"{running['loss']:.4f}")
+                if on_log is not None:
+                    on_log({"epoch": epoch + 1, "batch": i, "step": epoch * batches + i,
+                            **_prefixed("train", running), "lr": dp.trainer.learning_rate})
                 done = i
             if stopping and i < batches:
                 raise Interrupted(epoch, i, seconds_before + time.perf_counter() - start)
@@ -96,8 +103,8 @@ def _prefixed(prefix, metrics):
     return out
 
 
-def epoch_record(epoch, train, val):
-    return {"epoch": epoch + 1, **_prefixed("train", train), **val, "seconds": train["seconds"],
+def epoch_record(epoch, train, val, lr):
+    return {"epoch": epoch + 1, **_prefixed("train", train), **val, "lr": lr, "seconds": train["seconds"],
             "samples_per_s": train["samples"] / train["seconds"]}
 
 
@@ -105,21 +112,31 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
         log_interval=50, progress=False, history=None, stop=None, seconds_before=0.0):
     """Train from ``(start_epoch, start_batch)`` to ``epochs`` and validate after each epoch.
 
-    Each callback gets ``on_epoch_end(record, history)``; the caller ends the run with
-    ``on_train_end``. Records are appended to ``history`` in place (so a caller still has
-    them when an epoch ends in Interrupted or DivergedError), which is also returned.
+    Each callback gets ``on_epoch_end(record, history)`` (and ``on_log(step_record)`` if
+    it has one); the caller ends the run with ``on_train_end``. A callback with a true
+    ``stop_requested`` (early stopping) ends the loop after that epoch, on every worker.
+    Records are appended to ``history`` in place (so a caller still has them when an
+    epoch ends in Interrupted or DivergedError), which is also returned.
     """
     history = [] if history is None else history
+    loggers = [cb.on_log for cb in callbacks if hasattr(cb, "on_log")]
+
+    def on_log(step_record):
+        for log in loggers:
+            log(step_record)
     for epoch in range(start_epoch, epochs):
         train = train_epoch(dp, train_pipeline, epoch, log_interval, progress,
                             start_batch if epoch == start_epoch else 0, stop,
-                            seconds_before if epoch == start_epoch else 0.0)
-        record = epoch_record(epoch, train, validate(dp, val_pipeline) if dp.rank == 0 else {})
+                            seconds_before if epoch == start_epoch else 0.0, on_log if loggers else None)
+        record = epoch_record(epoch, train, validate(dp, val_pipeline) if dp.rank == 0 else {},
+                              dp.trainer.learning_rate)
         if dp.num_workers > 1:
             record["workers"] = dp.num_workers
         history.append(record)
         for cb in callbacks:
             cb.on_epoch_end(record, history)
+        if dp.any_worker(any(getattr(cb, "stop_requested", False) for cb in callbacks)):
+            break  # early stopping: rank 0 decided, every worker follows
         if stop is not None and stop.confirmed and epoch + 1 < epochs:
             raise Interrupted(epoch + 1, 0, 0.0)
     return history

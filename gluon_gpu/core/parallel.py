@@ -55,9 +55,11 @@ class DataParallel:
 
     def __init__(self, net, ctx, optimizer="sgd", optimizer_params=None, kvstore=None, head=None,
                  transform=None, hybridize=True, dtype="float32", initializer=None, batch_size=None,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES, exchange=True):
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, exchange=True, accumulate=1, clip_grad=None):
         self.ctx = list(ctx)
         self.batch_size = batch_size
+        self.accumulate, self.clip_grad = accumulate, clip_grad
+        self.pending_batches, self._pending_samples = 0, 0
         store = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         kvstore = store.type if store else (kvstore or default_kvstore(self.ctx))
         check_options(self.ctx, kvstore, dtype)
@@ -75,7 +77,13 @@ class DataParallel:
         params = dict(optimizer_params or {})
         if dtype == "float16":
             params.setdefault("multi_precision", True)
+        if accumulate > 1:  # backward adds to the gradients until the update
+            for p in net.collect_params().values():
+                if p.grad_req != "null":
+                    p.grad_req = "add"
         self.distributed = kvstore.startswith("dist")
+        if clip_grad and kvstore == "dist_async":
+            raise UserError("--clip-grad needs the update on the workers; dist_async updates on the servers")
         if self.distributed and not exchange:
             raise UserError("exchange=False is for one process: a distributed job always exchanges")
         self.kvstore = (store or mx.kv.create(kvstore)) if self.distributed else kvstore
@@ -127,10 +135,11 @@ class DataParallel:
             return list(data), list(label)
         return split_batch(data, self.ctx), split_batch(label, self.ctx)
 
-    def step(self, data, label, return_loss=True):
-        """Forward, backward and one optimizer update on a batch; returns the batch's mean
-        loss as a lazy NDArray on the first device (reading it forces a sync), or None
-        with ``return_loss=False`` (the epoch loop: a few operators fewer per step)."""
+    def step(self, data, label, return_loss=True, flush=False):
+        """Forward, backward and, every ``accumulate`` batches (or now, with ``flush``:
+        the end of an epoch), one optimizer update; returns the batch's mean loss as a
+        lazy NDArray on the first device (reading it forces a sync), or None with
+        ``return_loss=False`` (the epoch loop: a few operators fewer per step)."""
         if self.buckets is not None:
             self.buckets.check()
         xs, ys = self.split(data, label)
@@ -139,17 +148,45 @@ class DataParallel:
             with autograd.record():
                 outs = [self._run(x, y, training=True) for x, y in zip(xs, ys)]
             autograd.backward([loss_sum for loss_sum, _ in outs])  # one call for every device
-            if len(xs) < len(self.ctx):  # idle devices must contribute zero, not stale, grads
-                self._zero_grads(self.ctx[len(xs):])
-            if self.bucketing:
-                self._bucketed().allreduce()
-            # Synchronous workers receive the gradient sum over all workers' equal batches.
-            self.trainer.step(max(batch_size, self.batch_size or 0) * (self.num_workers if self._sync else 1))
+            if len(xs) < len(self.ctx):
+                self._idle(self.ctx[len(xs):])
+            self.pending_batches += 1
+            self._pending_samples += batch_size
+            if self.pending_batches >= self.accumulate or flush:
+                self._update()
         self.sums.add([stats for _, stats in outs], batch_size)
         if not return_loss:
             return None
         total = nd.add_n(*[l.as_in_context(self.ctx[0]) for l, _ in outs])
         return nd.sum(total) / (batch_size * self.members)
+
+    def _update(self):
+        """Exchange the gradients, clip them, update every replica, and (accumulating)
+        start the next sum from zero. Gradients are divided by the larger of the nominal
+        samples (batch size x batches summed) and the real ones; synchronous workers
+        receive the sum over all workers' equal batches."""
+        nominal = (self.batch_size or 0) * self.accumulate
+        scale = max(self._pending_samples, nominal) * (self.num_workers if self._sync else 1)
+        self.pending_batches, self._pending_samples = 0, 0
+        if self.trainer._update_on_kvstore:  # pylint: disable=protected-access
+            self.trainer.step(scale)  # dist_async: the servers update
+            return
+        if self.bucketing:
+            self._bucketed().allreduce()
+        else:
+            self.trainer.allreduce_grads()
+        if self.clip_grad:
+            self._clip(self.clip_grad * scale)
+        self.trainer.update(scale)
+        if self.accumulate > 1:
+            self._zero_grads(self.ctx)
+
+    def _clip(self, max_norm):
+        """Global-norm clipping of the summed gradients, on every device alike: replicas
+        hold the same sums after the exchange, so they stay identical. No host sync."""
+        trained = [p for p in self.net.collect_params().values() if p.grad_req != "null"]
+        for c in self.ctx:
+            gluon.utils.clip_global_norm([legacy(p.grad(c)) for p in trained], max_norm, check_isfinite=False)
 
     def _run(self, x, y, training):
         """One shard through its cached graph; legacy outputs whatever the model's API."""
@@ -186,11 +223,20 @@ class DataParallel:
         self.kvstore.pull(key, out=total)
         return total.asnumpy()
 
+    def any_worker(self, flag):
+        """Whether ``flag`` holds on any worker (every synchronous worker calls this at the
+        same point: one small sum); in one process, ``flag``."""
+        if not self._sync:
+            return bool(flag)
+        return self._sum_over_workers(self._stop_key, [float(bool(flag)), 0.0])[0] > 0
+
     def agree_to_stop(self, signum, sync_point):
         """The signal to stop on after this step, or None. One process: its own request
         (``signum``), at once. Synchronous workers: at sync points only (every worker
         calls this at the same steps), any worker's request, so all stop together;
         SIGTERM wins over SIGINT when workers got different ones."""
+        if self.pending_batches:  # only between updates: a checkpoint holds no half sum
+            return None
         if not self._sync:
             return signum
         if not sync_point:
@@ -262,19 +308,25 @@ class DataParallel:
             self._graphs.clear()
         return self.buckets
 
-    def _zero_grads(self, idle_ctx):
-        """Devices that got no samples this step must contribute zero, not stale, grads,
-        and the Trainer, which updates every device, must take those zeros as this step's."""
-        trained = [p for p in self.net.collect_params().values() if p.grad_req != "null"]
-        if self.buckets is not None:
-            self.buckets.zero(idle_ctx)
-        else:
-            for param in trained:
+    def _idle(self, idle_ctx):
+        """Devices that got no samples this step must contribute zero, not stale, grads
+        (accumulating: what they summed so far), and the Trainer, which updates every
+        device, must take them as fresh."""
+        if self.accumulate == 1:
+            self._zero_grads(idle_ctx)
+        for param in self.net.collect_params().values():
+            if param.grad_req != "null":
                 for c in idle_ctx:
+                    param.data(c)._fresh_grad = True  # pylint: disable=protected-access
+
+    def _zero_grads(self, ctx):
+        if self.buckets is not None:
+            self.buckets.zero(ctx)
+            return
+        for param in self.net.collect_params().values():
+            if param.grad_req != "null":
+                for c in ctx:
                     param.grad(c)[:] = 0
-        for param in trained:
-            for c in idle_ctx:
-                param.data(c)._fresh_grad = True  # pylint: disable=protected-access
 
 
 def _check_devices(net, ctx):

@@ -15,6 +15,7 @@ OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
 EPOCH_SHAPED_LR = ("cosine", "poly", "linear")  # laid out over --epochs
 TASKS = ("classify", "regress")
+MONITORS = ("auto", "val-loss", "val-acc", "val-top5", "val-mse", "val-mae")
 
 
 def _flag(default, help, resumable=False, **argparse_kwargs):  # pylint: disable=redefined-builtin
@@ -63,6 +64,17 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     lr_mode: str = _flag("constant", "gluoncv LRScheduler mode, stepped per batch", choices=LR_MODES)
     lr_decay: float = _flag(0.1, "factor at each --lr-decay-epoch", type=positive_float)
     lr_decay_epoch: str = _flag("", "comma-separated epochs for --lr-mode step, e.g. 6,8")
+    warmup_epochs: int = _flag(0, "epochs of linear LR warmup from --warmup-lr, in front of any --lr-mode",
+                               type=non_negative_int)
+    warmup_lr: float = _flag(0.0, "the learning rate warmup starts from", type=non_negative_float)
+    accumulate: int = _flag(1, "sum the gradients of N consecutive batches before one update: "
+                            "--batch-size B --accumulate N trains like a batch of N x B", type=positive_int,
+                            metavar="N")
+    clip_grad: Optional[float] = _flag(None, "clip the global gradient norm (of the mean gradient, over all "
+                                       "parameters, after the exchange) to NORM", type=positive_float,
+                                       metavar="NORM")
+    sync_bn: bool = _flag(False, "BatchNorm statistics over all devices of the process "
+                          "(gluon.contrib.nn.SyncBatchNorm)", action="store_true")
     seed: int = _flag(0, "seeds initialization and the shuffle order", type=seed)
     hybridize: bool = _flag(True, "run the step as a static hybridized graph",
                             action=argparse.BooleanOptionalAction)
@@ -74,6 +86,14 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     log_interval: int = _flag(50, "batches between loss reads", True, type=positive_int)
     save_period: int = _flag(1, "epochs between checkpoints", True, type=positive_int)
     keep: int = _flag(3, "checkpoints kept", True, type=positive_int)
+    monitor: str = _flag("auto", "the validation figure best.params and --early-stop follow (auto: val-acc "
+                         "when classifying, val-mse when regressing)", choices=MONITORS)
+    early_stop: Optional[int] = _flag(None, "stop when --monitor has not improved for PATIENCE epochs", True,
+                                      type=positive_int, metavar="PATIENCE")
+    log_steps: bool = _flag(False, "metrics.csv (and TensorBoard) also get a row every --log-interval "
+                            "batches", True, action="store_true")
+    tensorboard: bool = _flag(False, "write TensorBoard event files to RUN/tb/ (tensorboardX)", True,
+                              action="store_true")
     quiet: bool = _flag(False, "no progress bar", True, action="store_true")
 
     def to_dict(self):

@@ -10,6 +10,7 @@ from ..core.kvstores import check_options
 from ..core.parallel import DataParallel
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
 from ..models import init_model
+from ..models.sync_bn import use_sync_batchnorm
 from ..models.zoo import check_model_name, model_for
 from .cli import MAX_SEED, check_batch
 from .config import RunConfig
@@ -22,6 +23,7 @@ class Run:
     train: object
     val: object
     data: Dataset
+    synced_batchnorms: int = 0  # --sync-bn: how many BatchNorm layers became SyncBatchNorm
 
 
 def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, saved_spec=None):
@@ -49,37 +51,74 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     shard = (store.rank, store.num_workers) if store else (0, 1)
     net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, config.ensemble,
                      config.fused_conv)
+    synced = use_sync_batchnorm(net, len(ctx)) if config.sync_bn else 0
+    if config.sync_bn:
+        _check_sync_bn_batches(len(data.train_y), config.batch_size * shard[1], len(ctx))
     pipes = [make_pipeline(config.pipeline, x, y, config.batch_size, ctx, config.seed, shuffle=train,
                            num_workers=config.num_workers, members=config.ensemble, shard=shard if train else (0, 1))
              for x, y, train in ((data.train_x, data.train_y, True), (data.val_x, data.val_y, False))]
-    dp = DataParallel(net, ctx, config.optimizer, optimizer_params(config, len(pipes[0])),
+    updates_per_epoch = -(-len(pipes[0]) // config.accumulate)
+    dp = DataParallel(net, ctx, config.optimizer, optimizer_params(config, updates_per_epoch),
                       kvstore=store or config.kvstore, head=head_for(spec.task, spec.outputs),
                       transform=spec.transform(config.ensemble), hybridize=config.hybridize,
                       dtype=config.dtype, batch_size=config.batch_size,
-                      bucket_bytes=int(config.bucket_mb * 2**20), exchange=exchange)
-    return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec))
+                      bucket_bytes=int(config.bucket_mb * 2**20), exchange=exchange,
+                      accumulate=config.accumulate, clip_grad=config.clip_grad)
+    return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
+               synced)
+
+
+def _check_sync_bn_batches(samples, global_batch, devices):
+    """SyncBatchNorm waits for every device at each layer: a last batch too small to
+    give each device a sample would wait forever."""
+    last = samples % global_batch
+    if 0 < last < devices:
+        raise UserError(f"--sync-bn: the last batch of each epoch would hold {last} sample(s) for {devices} "
+                        "devices, and SyncBatchNorm needs a sample on every device; change --batch-size or --limit")
 
 
 def optimizer_params(config, iters_per_epoch):
+    """The optimizer's parameters; ``iters_per_epoch`` counts updates (batches / --accumulate)."""
     params = {"learning_rate": config.lr, "wd": config.wd}
     if config.optimizer in ("sgd", "nag"):
         params["momentum"] = config.momentum
     elif config.momentum:
         raise UserError(f"--momentum applies to sgd and nag, not {config.optimizer}")
-    if config.lr_mode != "constant":
-        if config.epochs * iters_per_epoch < 2:
-            raise UserError(f"--lr-mode {config.lr_mode} needs at least 2 updates (epochs x batches)")
-        from gluoncv.utils import LRScheduler
-        steps = _epochs_list(config.lr_decay_epoch) if config.lr_mode == "step" else None
-        # gluoncv clamps the update count to its last iteration, niters - 1, but MXNet
-        # counts updates from 1: the last step of a run ending at a decay epoch missed the
-        # decay, unlike the same step of a longer run (a resume with more --epochs).
-        # A step schedule is shaped by its decay epochs alone: lay it out past them.
-        nepochs = max([config.epochs] + steps) + 1 if steps else config.epochs
-        params["lr_scheduler"] = LRScheduler(config.lr_mode, base_lr=config.lr, nepochs=nepochs,
-                                             iters_per_epoch=iters_per_epoch, step_epoch=steps,
-                                             step_factor=config.lr_decay)
+    scheduler = lr_scheduler(config, iters_per_epoch)
+    if scheduler is not None:
+        params["lr_scheduler"] = scheduler
     return params
+
+
+def lr_scheduler(config, iters_per_epoch):
+    """gluoncv's schedulers, stepped per update: ``--warmup-epochs`` of linear warmup from
+    ``--warmup-lr`` (reaching ``--lr`` at its last update), then ``--lr-mode`` over the
+    remaining epochs (step decays at the absolute ``--lr-decay-epoch``), as GluonCV's
+    training scripts compose them with ``LRSequential``. None: a constant rate."""
+    warmup = config.warmup_epochs
+    if warmup and warmup >= config.epochs:
+        raise UserError(f"--warmup-epochs {warmup} leaves no epoch of training after it (--epochs {config.epochs})")
+    if warmup and warmup * iters_per_epoch < 2:
+        raise UserError(f"--warmup-epochs {warmup} is {warmup * iters_per_epoch} update: warmup needs 2 or more")
+    if config.lr_mode == "constant" and not warmup:
+        return None
+    from gluoncv.utils import LRScheduler, LRSequential
+    if (config.epochs - warmup) * iters_per_epoch < 2:
+        raise UserError(f"--lr-mode {config.lr_mode} needs at least 2 updates (epochs x batches)")
+    steps = _epochs_list(config.lr_decay_epoch) if config.lr_mode == "step" else None
+    # gluoncv clamps the update count to its last iteration, niters - 1, but MXNet
+    # counts updates from 1: the last step of a run ending at a decay epoch missed the
+    # decay, unlike the same step of a longer run (a resume with more --epochs).
+    # A step schedule is shaped by its decay epochs alone: lay it out past them.
+    nepochs = max([config.epochs] + steps) + 1 if steps else config.epochs
+    # 'constant' is gluoncv's 'step' with no decay (its own 'constant' gives target_lr, 0)
+    main = LRScheduler("step" if config.lr_mode == "constant" else config.lr_mode, base_lr=config.lr,
+                       nepochs=nepochs - warmup, iters_per_epoch=iters_per_epoch,
+                       step_epoch=[s - warmup for s in steps or []], step_factor=config.lr_decay)
+    if not warmup:
+        return main
+    return LRSequential([LRScheduler("linear", base_lr=config.warmup_lr, target_lr=config.lr, nepochs=warmup,
+                                     iters_per_epoch=iters_per_epoch), main])
 
 
 def _epochs_list(text):

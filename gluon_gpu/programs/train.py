@@ -14,9 +14,9 @@ from dataclasses import replace
 import mxnet as mx
 
 from .. import __version__
-from ..core.callbacks import CurvesPlot, EpochPrinter, MetricsFile
+from ..core.callbacks import MetricsFile
 from ..core.checkpoint import checkpoints, complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
-from ..core.devices import describe, devices, thread_settings
+from ..core.devices import describe, devices, require_thread_settings, thread_settings
 from ..core.errors import DivergedError, UserError, WriteError
 from ..core.kvstores import default_kvstore
 from ..core.loop import Interrupted, StopFlag, fit
@@ -24,10 +24,12 @@ from ..core.files import RunLock, remove_temporaries
 from ..core.params import ParamSnapshot, last_line, save_parameters
 from ..models.fused_conv import is_fused
 from ..models.loading import adapt_keys
+from ..models.sync_bn import cpu_settings as sync_bn_settings
 from .cli import Parser, main_guard, parse_args, progress_enabled
 from .config import EPOCH_SHAPED_LR, RESUMABLE, RunConfig, add_flags, flag_name
 from .launch import RESTART_ENV
 from .run import build_run
+from .run_callbacks import chief_callbacks, early_stopping, monitor_for
 
 
 def build_parser():
@@ -188,15 +190,21 @@ def main(argv=None):
         args.resume = restart_from(config.out)
     if args.resume:
         config, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
+    if config.sync_bn:  # MXNet reads these at start: the program may re-execute itself
+        require_thread_settings(restart=argv is None, extra=sync_bn_settings(config.engine_threads))
     with devices(config.devices) as ctx:
         out = config.out if args.resume else prepare_out_dir(config.out)
         run = build_run(config, ctx, saved_spec=(state or {}).get("data"))  # checks batch, options, data first
         config, dp = run.config, run.dp
+        monitor = monitor_for(config, run)
         chief = dp.rank == 0  # in a distributed job only rank 0 writes and prints
         if chief and not args.dry_run:
             check_writable(out)
         if chief:
             print(plan_line(config, run, ctx, out), flush=True)
+            if config.sync_bn and not run.synced_batchnorms:
+                print(f"gluon_gpu.train: warning: --sync-bn: {config.model} has no BatchNorm layer; "
+                      "nothing to synchronize", file=sys.stderr, flush=True)
         if args.dry_run:
             return 0
         with RunLock(out) if chief else contextlib.nullcontext():
@@ -204,16 +212,16 @@ def main(argv=None):
                 prepare_out_dir(out)  # again under the lock: another writer may have begun meanwhile
             if chief:
                 remove_temporaries(out)  # of writes a kill cut short
-            start = resume_point(out, run, config, chief) if args.resume else (0, 0, 0.0, [])
+            start = resume_point(out, run, config, chief, monitor) if args.resume else (0, 0, 0.0, [])
             if start is None:
                 return 0
             code = _train(config, ctx, out, run, start, chief, resumed=bool(args.resume),
-                          progress=progress_enabled(args))
+                          progress=progress_enabled(args), monitor=monitor)
         _save_replica(dp)
         return code
 
 
-def resume_point(out, run, config, chief):
+def resume_point(out, run, config, chief, monitor):
     """Load the most advanced checkpoint that loads, skipping (one line each) any that
     does not; ``(epoch, batch, seconds, history)`` to go on from, or None when the run
     already finished its epochs."""
@@ -243,6 +251,13 @@ def resume_point(out, run, config, chief):
             if chief:
                 print(f"{out} already finished {state['epoch']} epochs; pass --epochs N to train more")
             return None
+        stopper = early_stopping(config, monitor)
+        stalled = stopper.stalled(state["history"]) if stopper and state["history"] and not batch else None
+        if stalled:
+            if chief:
+                print(f"{out} stopped early after epoch {state['epoch']}: {stalled}; best.params holds epoch "
+                      f"{monitor.best(state['history'])['epoch']}; a larger --early-stop trains on")
+            return None
         if chief:
             print(f"resuming from {directory} (epoch {state['epoch'] + 1}, batch {batch + 1})")
         return state["epoch"], batch, state["seconds"], state["history"]
@@ -266,16 +281,14 @@ def _save_replica(dp):
         save_parameters(dp.net, os.path.join(directory, f"rank-{dp.rank}.params"))
 
 
-def _train(config, ctx, out, run, start, chief, resumed, progress):
+def _train(config, ctx, out, run, start, chief, resumed, progress, monitor):
     """The run's callbacks and checkpoints around ``_fit``; a failed write ends it with
     one line, exit 1, the status 'failed' with its reason, and the run resumable."""
     dp, history = run.dp, start[3]
     record = {"config": config.to_dict(), "data": run.data.spec.to_dict()}
     header = {**record, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
               "fused_conv": is_fused(dp.net), "mxnet": mx.__version__, "gluon_gpu": __version__}
-    callbacks = [EpochPrinter(config.epochs, lambda line: print(line, flush=True)),
-                 MetricsFile(os.path.join(out, "metrics.json"), header),
-                 CurvesPlot(os.path.join(out, "curves.png"))] if chief else []
+    callbacks = chief_callbacks(config, run, out, header, monitor, start[:2] if resumed else None) if chief else []
     checkpointer = Checkpointer(out, dp, len(run.train), record, config, chief)
     last_good = _KeepLastGood(dp.net, start[0])
     stop = StopFlag()
@@ -325,11 +338,18 @@ def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, prog
         kept = f"; last good checkpoint {checkpointer.last}" if checkpointer.last else ""
         raise DivergedError(f"{e}; kept the parameters of {last_good.describe()} in "
                             f"{out}/net.params{kept}; try a lower --lr") from None
+    stopped_early = bool(history) and history[-1]["epoch"] < config.epochs
+    if stopped_early:  # a checkpoint where it stopped: --resume then says so
+        checkpointer.save(history[-1]["epoch"], 0, history)
+        if chief:
+            stopper = next(cb for cb in callbacks if getattr(cb, "stop_requested", False))
+            print(f"early stop after epoch {history[-1]['epoch']}: {stopper.stalled(history)}")
     if chief:
         save_parameters(dp.net, os.path.join(out, "net.params"))
-    _end(callbacks, history, "finished")
+    _end(callbacks, history, "early-stopped" if stopped_early else "finished")
     if chief:
-        print(f"saved {out}/net.params, {out}/metrics.json, {out}/curves.png, checkpoints in {out}/checkpoints")
+        print(f"saved {out}/net.params (best.params: the best {callbacks[1].monitor.flag}), metrics.json, "
+              f"metrics.csv, curves.png{', tb/' if config.tensorboard else ''}; checkpoints in {out}/checkpoints")
     return 0
 
 

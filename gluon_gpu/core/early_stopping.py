@@ -1,0 +1,69 @@
+"""The monitored validation figure: ``best.params`` kept at its best epoch, and early
+stopping when it has not improved for a number of epochs (Lightning's ModelCheckpoint
+and EarlyStopping). Both are functions of the run's history alone, so a resumed run
+decides exactly as an uninterrupted one, and a finished early stop is recognized on
+--resume without any state of its own."""
+from .errors import UserError
+from .params import save_parameters
+
+LOWER_IS_BETTER = ("loss", "mse", "mae")
+
+
+class Monitor:
+    """``val-acc`` and the like: which record key, and which direction is better."""
+
+    def __init__(self, flag, metric_names):
+        name = flag.split("-", 1)[1]
+        if name != "loss" and name not in metric_names:
+            offered = ", ".join("val-" + n for n in ["loss"] + list(metric_names))
+            raise UserError(f"--monitor {flag}: this run reports {offered}")
+        self.flag, self.key, self.lower = flag, "val_" + name, name in LOWER_IS_BETTER
+
+    def best(self, history):
+        """The record of the best epoch so far (the first, on ties), or None."""
+        scored = [r for r in history if r.get(self.key) is not None]
+        if not scored:
+            return None
+        pick = min if self.lower else max
+        return pick(scored, key=lambda r: r[self.key])
+
+    def summary(self, history):
+        best = self.best(history)
+        return None if best is None else {"monitor": self.flag, "epoch": best["epoch"], "value": best[self.key]}
+
+
+class BestParams:
+    """Callback: ``RUN/best.params`` (atomically) whenever an epoch is the best so far."""
+
+    def __init__(self, path, net, monitor):
+        self.path, self.net, self.monitor = path, net, monitor
+
+    def on_epoch_end(self, record, history):
+        if self.monitor.best(history) is record:
+            save_parameters(self.net, self.path)
+
+    def on_train_end(self, history, status, reason=None):
+        pass
+
+
+class EarlyStopping:
+    """Callback: asks the loop to stop once the monitored figure has gone ``patience``
+    epochs without improving."""
+
+    def __init__(self, monitor, patience):
+        self.monitor, self.patience = monitor, patience
+        self.stop_requested = False
+
+    def stalled(self, history):
+        """'val-acc has not improved since epoch 3 (4 epochs)' when the run is to stop, else None."""
+        best = self.monitor.best(history)
+        if best is None or history[-1]["epoch"] - best["epoch"] < self.patience:
+            return None
+        return (f"{self.monitor.flag} has not improved since epoch {best['epoch']} "
+                f"({history[-1]['epoch'] - best['epoch']} epochs, --early-stop {self.patience})")
+
+    def on_epoch_end(self, record, history):
+        self.stop_requested = self.stalled(history) is not None
+
+    def on_train_end(self, history, status, reason=None):
+        pass

@@ -1,0 +1,99 @@
+"""Logs a person browses: ``metrics.csv`` (a spreadsheet row per epoch, and per log
+interval with ``log_steps``) and TensorBoard event files (tensorboardX). Callbacks like
+those of callbacks.py, plus ``on_log(step_record)`` at the loop's sync points."""
+import csv
+import io
+import os
+
+from .errors import UserError
+from .files import write_text
+
+POSITION = ("kind", "epoch", "batch", "step")
+
+
+def _flat(record):
+    """A record's scalars, member lists spread out as ``member_val_acc_3``."""
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, list):
+            flat.update({f"{key}_{k}": v for k, v in enumerate(value)})
+        elif isinstance(value, (int, float)):
+            flat[key] = value
+    return flat
+
+
+class MetricsCsv:
+    """``RUN/metrics.csv``, rewritten atomically at every epoch end: one row per epoch
+    (``kind`` epoch), and with ``log_steps`` one per log interval (``kind`` step) before
+    them. Step rows of earlier processes of a resumed run are kept up to where it resumed."""
+
+    def __init__(self, path, log_steps, resumed_at=None):
+        self.path, self.log_steps = path, log_steps
+        self.steps = self._earlier_steps(resumed_at) if log_steps and resumed_at else []
+
+    def _earlier_steps(self, resumed_at):
+        try:
+            with open(self.path, newline="") as f:
+                rows = [r for r in csv.DictReader(f) if r.get("kind") == "step"]
+        except OSError:
+            return []
+        return [{k: float(v) if k not in ("kind",) and v != "" else v for k, v in r.items()}
+                for r in rows if (int(float(r["epoch"])), int(float(r["batch"]))) <= resumed_at]
+
+    def on_log(self, step_record):
+        if self.log_steps:
+            self.steps.append({"kind": "step", **_flat(step_record)})
+
+    def on_epoch_end(self, record, history):
+        self.write(history)
+
+    def on_train_end(self, history, status, reason=None):
+        self.write(history)
+
+    def write(self, history):
+        rows = self.steps + [{"kind": "epoch", **_flat(r)} for r in history]
+        columns = list(POSITION)
+        for row in rows:
+            columns += [k for k in row if k not in columns]
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, columns, restval="")
+        writer.writeheader()
+        writer.writerows(sorted(rows, key=lambda r: (r["epoch"], r.get("batch") or float("inf"))))
+        write_text(self.path, buffer.getvalue())
+
+
+class TensorBoard:
+    """``RUN/tb/`` event files: per epoch ``train/<metric>``, ``val/<metric>``, ``lr``,
+    ``samples_per_s``, and per ensemble member ``member/<split>_<metric>/<k>``; per log
+    interval (``log_steps``) ``step/train_<metric>`` at the global batch count."""
+
+    def __init__(self, directory, log_steps):
+        try:
+            os.makedirs(directory, exist_ok=True)
+            from tensorboardX import SummaryWriter
+            self.writer = SummaryWriter(logdir=directory, flush_secs=10)
+        except OSError as e:
+            raise UserError(f"--tensorboard: cannot write to {directory}: {e.strerror or e}") from None
+        self.log_steps = log_steps
+
+    def on_log(self, step_record):
+        if self.log_steps:
+            for key, value in step_record.items():
+                if key.startswith("train_") and isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"step/{key}", value, step_record["step"])
+
+    def on_epoch_end(self, record, history):
+        epoch = record["epoch"]
+        for key, value in record.items():
+            if key.startswith(("train_", "val_")) and isinstance(value, (int, float)):
+                split, name = key.split("_", 1)
+                self.writer.add_scalar(f"{split}/{name}", value, epoch)
+            elif key.startswith("member_") and isinstance(value, list):
+                for k, v in enumerate(value):
+                    self.writer.add_scalar(f"member/{key[len('member_'):]}/{k}", v, epoch)
+            elif key in ("lr", "samples_per_s"):
+                self.writer.add_scalar(key, value, epoch)
+        self.writer.flush()
+
+    def on_train_end(self, history, status, reason=None):
+        self.writer.close()

@@ -1,0 +1,33 @@
+"""The callbacks a training run gets from its configuration: the epoch line,
+metrics.json, curves.png, metrics.csv, best.params, early stopping and TensorBoard."""
+import os
+
+from ..core.callbacks import CurvesPlot, EpochPrinter, MetricsFile
+from ..core.early_stopping import BestParams, EarlyStopping, Monitor
+from ..core.loggers import MetricsCsv, TensorBoard
+
+DEFAULT_MONITOR = {"classify": "val-acc", "regress": "val-mse"}
+
+
+def monitor_for(config, run):
+    """The run's --monitor (auto: by task), checked against the figures it reports."""
+    flag = DEFAULT_MONITOR[run.data.spec.task] if config.monitor == "auto" else config.monitor
+    return Monitor(flag, run.dp.names)
+
+
+def early_stopping(config, monitor):
+    return EarlyStopping(monitor, config.early_stop) if config.early_stop else None
+
+
+def chief_callbacks(config, run, out, header, monitor, resumed_at=None):
+    """What rank 0 (the only writer) runs at each epoch end, in order."""
+    callbacks = [EpochPrinter(config.epochs, lambda line: print(line, flush=True)),
+                 BestParams(os.path.join(out, "best.params"), run.dp.net, monitor),
+                 MetricsFile(os.path.join(out, "metrics.json"), header,
+                             extra=lambda history: {"best": monitor.summary(history)}),
+                 MetricsCsv(os.path.join(out, "metrics.csv"), config.log_steps, resumed_at),
+                 CurvesPlot(os.path.join(out, "curves.png"))]
+    if config.tensorboard:
+        callbacks.append(TensorBoard(os.path.join(out, "tb"), config.log_steps))
+    stopper = early_stopping(config, monitor)
+    return callbacks + ([stopper] if stopper else [])
