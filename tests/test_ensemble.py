@@ -116,7 +116,7 @@ def test_save_load_round_trip(tmp_path):
 def ensemble_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("ens") / "run")
     assert train.main(["--devices", "cpu*2", "--ensemble", "4", "--epochs", "1", "--batch-size", "64",
-                       "--limit", "12800", "--quiet", "--out", out]) == 0
+                       "--limit", "12800", "--quiet", "--tensorboard", "--out", out]) == 0
     return out
 
 
@@ -128,6 +128,10 @@ def test_ensemble_training_learns_and_reports_every_member(ensemble_run, capsys)
     assert len(set(epoch["member_train_loss"])) == 4  # members differ
     with open(os.path.join(ensemble_run, "curves.png"), "rb") as f:
         assert f.read(4) == b"\x89PNG"
+    from test_training_features import read_events
+    events = read_events(os.path.join(ensemble_run, "tb"))
+    members = [events[f"member/val_acc/{k}"] for k in range(4)]  # one curve per member
+    assert [[v for _, v in m] for m in members] == [[pytest.approx(a)] for a in epoch["member_val_acc"]]
 
 
 def test_member_extracted_from_a_run_evaluates_with_the_normal_paths(ensemble_run, tmp_path, capsys):

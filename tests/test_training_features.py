@@ -264,3 +264,45 @@ def test_sync_bn_resumes_exactly(tmp_path):
     train_cli(*flags, "--epochs", "1", "--out", out)
     train_cli("--resume", out, "--epochs", "2", "--quiet")
     assert_same_run(straight, out)
+
+
+def test_profile_writes_a_chrome_trace_of_n_steps_after_warm_up(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert train.main(["--devices", "cpu*2", "--limit", "1280", "--batch-size", "64", "--epochs", "1", "--quiet",
+                       "--profile", "5", "--out", out]) == 0  # 20 steps: 10 of warm-up, 5 profiled
+    assert f"profile of 5 steps in {out}/profile.json" in capsys.readouterr().out
+    trace = json.load(open(os.path.join(out, "profile.json")))
+    names = {e.get("name") or "" for e in trace["traceEvents"]}
+    assert any("FullyConnected" in n for n in names), sorted(names)  # LeNet's operators (fused in the graph)
+    assert "KVStoreReduce" in names  # and the exchange between the two devices
+    table = open(os.path.join(out, "profile.txt")).read()
+    assert table.startswith("5 steps after 10 of warm-up") and "operator" in table.lower()
+
+
+def test_profile_0_is_one_line(capsys, tmp_path):
+    assert train.main(["--devices", "cpu", "--profile", "0", "--dry-run", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--profile: must be a positive integer" in err
+
+
+def test_logs_of_a_resumed_run_are_those_of_a_straight_one(tmp_path):
+    """--log-steps rows and TensorBoard steps survive a Ctrl-C and --resume: the same
+    positions as an uninterrupted run, the same figures."""
+    import csv
+    flags = SMALL + ["--epochs", "3", "--log-steps", "--log-interval", "5", "--tensorboard"]
+    straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
+    assert train.main(flags + ["--out", straight]) == 0
+    proc = start(flags + ["--out", out])
+    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    assert train.main(["--resume", out, "--quiet"]) == 0
+
+    def rows(run):
+        return [(r["kind"], r["epoch"], r["batch"], float(r["train_loss"]))
+                for r in csv.DictReader(open(os.path.join(run, "metrics.csv")))]
+    want, got = rows(straight), rows(out)
+    assert [r[:3] for r in got] == [r[:3] for r in want] and len(want) == 3 * 4 + 3  # 4 reads an epoch, 3 epochs
+    assert [r[3] for r in got] == pytest.approx([r[3] for r in want], rel=1e-4)
+    steps = sorted(s for s, _ in read_events(os.path.join(out, "tb"))["step/train_loss"])
+    assert steps == sorted(s for s, _ in read_events(os.path.join(straight, "tb"))["step/train_loss"])

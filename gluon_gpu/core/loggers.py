@@ -28,6 +28,7 @@ class MetricsCsv:
     them. Step rows of earlier processes of a resumed run are kept up to where it resumed."""
 
     def __init__(self, path, log_steps, resumed_at=None):
+        """``resumed_at``: ``(epoch index, batch)`` a resumed run goes on from."""
         self.path, self.log_steps = path, log_steps
         self.steps = self._earlier_steps(resumed_at) if log_steps and resumed_at else []
 
@@ -37,8 +38,10 @@ class MetricsCsv:
                 rows = [r for r in csv.DictReader(f) if r.get("kind") == "step"]
         except OSError:
             return []
-        return [{k: float(v) if k not in ("kind",) and v != "" else v for k, v in r.items()}
-                for r in rows if (int(float(r["epoch"])), int(float(r["batch"]))) <= resumed_at]
+        until = (resumed_at[0] + 1, resumed_at[1])  # rows number epochs from 1
+        kept = [r for r in rows if (int(r["epoch"]), int(r["batch"])) <= until]
+        return [{k: v if k == "kind" or v == "" else int(v) if k in POSITION else float(v) for k, v in r.items()}
+                for r in kept]
 
     def on_log(self, step_record):
         if self.log_steps:

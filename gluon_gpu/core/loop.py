@@ -43,7 +43,7 @@ class StopFlag:
 
 
 def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batch=0,
-                stop=None, seconds_before=0.0, on_log=None):
+                stop=None, seconds_before=0.0, on_log=None, on_step=None):
     """One pass over ``pipeline`` (epoch index ``epoch``, 0-based), from ``start_batch``.
 
     Returns ``{'loss', 'accuracy', 'samples', 'seconds'}``. Raises DivergedError naming
@@ -63,6 +63,8 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
     with bar:
         for i, (data, label) in enumerate(pipeline.epoch(epoch, start_batch), start_batch + 1):
             dp.step(data, label, return_loss=False, flush=i == batches)
+            if on_step is not None:
+                on_step()
             sync_point = i % log_interval == 0 or i == batches  # the same steps on every worker
             stopping = stop is not None and stop.confirm(dp, sync_point)
             if sync_point or stopping:
@@ -74,7 +76,7 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
                 bar.update(i - done)
                 running = dp.read_metrics(reset=False)
                 bar.set_postfix(loss=f"{running['loss']:.4f}")
-                if on_log is not None:
+                if on_log is not None and sync_point:  # the same positions however the run is cut
                     on_log({"epoch": epoch + 1, "batch": i, "step": epoch * batches + i,
                             **_prefixed("train", running), "lr": dp.trainer.learning_rate})
                 done = i
@@ -112,22 +114,28 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
         log_interval=50, progress=False, history=None, stop=None, seconds_before=0.0):
     """Train from ``(start_epoch, start_batch)`` to ``epochs`` and validate after each epoch.
 
-    Each callback gets ``on_epoch_end(record, history)`` (and ``on_log(step_record)`` if
-    it has one); the caller ends the run with ``on_train_end``. A callback with a true
+    Each callback gets ``on_epoch_end(record, history)`` (and ``on_log(step_record)``,
+    ``on_step()`` after every step, if it has them); the caller ends the run with ``on_train_end``. A callback with a true
     ``stop_requested`` (early stopping) ends the loop after that epoch, on every worker.
     Records are appended to ``history`` in place (so a caller still has them when an
     epoch ends in Interrupted or DivergedError), which is also returned.
     """
     history = [] if history is None else history
     loggers = [cb.on_log for cb in callbacks if hasattr(cb, "on_log")]
+    steppers = [cb.on_step for cb in callbacks if hasattr(cb, "on_step")]
 
     def on_log(step_record):
         for log in loggers:
             log(step_record)
+
+    def on_step():
+        for step in steppers:
+            step()
     for epoch in range(start_epoch, epochs):
         train = train_epoch(dp, train_pipeline, epoch, log_interval, progress,
                             start_batch if epoch == start_epoch else 0, stop,
-                            seconds_before if epoch == start_epoch else 0.0, on_log if loggers else None)
+                            seconds_before if epoch == start_epoch else 0.0, on_log if loggers else None,
+                            on_step if steppers else None)
         record = epoch_record(epoch, train, validate(dp, val_pipeline) if dp.rank == 0 else {},
                               dp.trainer.learning_rate)
         if dp.num_workers > 1:

@@ -19,6 +19,7 @@ from mxnet.gluon.contrib.nn import SyncBatchNorm
 
 from ..core.errors import UserError
 from ..core.modes import model_is_np
+from .blocks import replace_blocks
 
 CPU_TEMP_COPIES = 1024  # MXNET_CPU_TEMP_COPY for runs with SyncBatchNorm on CPU contexts
 MIN_ENGINE_THREADS = 2  # MXNET_CPU_WORKER_NTHREADS, likewise
@@ -39,17 +40,8 @@ def use_sync_batchnorm(net, num_devices):
     if model_is_np(net):
         raise UserError("--sync-bn: MXNet 1.9's SyncBatchNorm has no numpy-API (npx.set_np) form; "
                         "write the model with the legacy API, or train without --sync-bn")
-    replaced = 0
-    stack = [net]
-    while stack:
-        block = stack.pop()
-        for name, child in list(block._children.items()):  # pylint: disable=protected-access
-            if isinstance(child, gluon.nn.BatchNorm) and not isinstance(child, SyncBatchNorm):
-                _replace(block, name, child, _synced(child, num_devices))
-                replaced += 1
-            else:
-                stack.append(child)
-    return replaced
+    return replace_blocks(net, lambda b: isinstance(b, gluon.nn.BatchNorm) and not isinstance(b, SyncBatchNorm),
+                          lambda b: _synced(b, num_devices))
 
 
 def _synced(bn, num_devices):
@@ -58,12 +50,3 @@ def _synced(bn, num_devices):
                          momentum=kwargs["momentum"], epsilon=kwargs["eps"],
                          use_global_stats=kwargs["use_global_stats"], scale=bn.gamma.grad_req != "null",
                          center=bn.beta.grad_req != "null", prefix=bn.prefix, params=bn.params)
-
-
-def _replace(parent, name, old, new):
-    """Put ``new`` where ``old`` was: as the child ``name``, and as the attribute that
-    held it (Sequential blocks hold children by index only)."""
-    parent._children[name] = new  # pylint: disable=protected-access
-    for attribute, value in vars(parent).items():
-        if value is old:
-            object.__setattr__(parent, attribute, new)

@@ -2,6 +2,7 @@
 model zoo (CIFAR-style and ImageNet-style classifiers), built for the data's channels
 (their first convolutions infer it) and output width."""
 from ..core.errors import UserError
+from .blocks import use_mean_pooling
 from .lenet import lenet
 from .mlp import mlp
 
@@ -42,7 +43,8 @@ def model_for(name, input_shape):
 def get_model(name="lenet", outputs=10, channels=1, members=1, fused=False):
     """A fresh, uninitialized network by name: 'lenet' or a gluoncv zoo name; ``members
     > 1``: an EnsembleLeNet of that many members. ``fused``: LeNet (or the ensemble) with
-    the fused conv operator (other networks ignore it)."""
+    the fused conv operator (other networks ignore it). Zoo networks pool globally with
+    a mean (``blocks.use_mean_pooling``)."""
     check_model_name(name)
     if members > 1:
         if name != "lenet":
@@ -55,6 +57,8 @@ def get_model(name="lenet", outputs=10, channels=1, members=1, fused=False):
         return mlp(outputs)
     from gluoncv import model_zoo
     try:
-        return model_zoo.get_model(ALIASES.get(name, name), classes=outputs)
+        net = model_zoo.get_model(ALIASES.get(name, name), classes=outputs)
     except (TypeError, ValueError) as e:
         raise UserError(f"model {name} cannot be built as a classifier of {outputs} outputs: {e}") from None
+    use_mean_pooling(net)  # the same network, without oneDNN's slow path (blocks.py)
+    return net

@@ -92,6 +92,8 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                       type=positive_int, metavar="PATIENCE")
     log_steps: bool = _flag(False, "metrics.csv (and TensorBoard) also get a row every --log-interval "
                             "batches", True, action="store_true")
+    profile: Optional[int] = _flag(None, "profile N steps after a warm-up: RUN/profile.json (Chrome trace) "
+                                   "and RUN/profile.txt (per operator)", True, type=positive_int, metavar="N")
     tensorboard: bool = _flag(False, "write TensorBoard event files to RUN/tb/ (tensorboardX)", True,
                               action="store_true")
     quiet: bool = _flag(False, "no progress bar", True, action="store_true")

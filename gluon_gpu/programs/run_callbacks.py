@@ -1,10 +1,12 @@
 """The callbacks a training run gets from its configuration: the epoch line,
-metrics.json, curves.png, metrics.csv, best.params, early stopping and TensorBoard."""
+metrics.json, curves.png, metrics.csv, best.params, TensorBoard, the profiler and early
+stopping."""
 import os
 
 from ..core.callbacks import CurvesPlot, EpochPrinter, MetricsFile
 from ..core.early_stopping import BestParams, EarlyStopping, Monitor
 from ..core.loggers import MetricsCsv, TensorBoard
+from ..core.profiling import StepProfiler
 
 DEFAULT_MONITOR = {"classify": "val-acc", "regress": "val-mse"}
 
@@ -29,5 +31,7 @@ def chief_callbacks(config, run, out, header, monitor, resumed_at=None):
                  CurvesPlot(os.path.join(out, "curves.png"))]
     if config.tensorboard:
         callbacks.append(TensorBoard(os.path.join(out, "tb"), config.log_steps))
+    if config.profile:
+        callbacks.append(StepProfiler(out, config.profile))
     stopper = early_stopping(config, monitor)
     return callbacks + ([stopper] if stopper else [])

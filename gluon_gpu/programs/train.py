@@ -350,6 +350,9 @@ def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, prog
     if chief:
         print(f"saved {out}/net.params (best.params: the best {callbacks[1].monitor.flag}), metrics.json, "
               f"metrics.csv, curves.png{', tb/' if config.tensorboard else ''}; checkpoints in {out}/checkpoints")
+        for cb in callbacks:
+            if hasattr(cb, "describe"):
+                print(cb.describe())
     return 0
 
 
