@@ -51,6 +51,11 @@ class DataParallel:
 
     ``exchange=False`` leaves the gradient exchange out: every device trains its own
     replica. Not training: the benchmark's baseline for what the exchange costs.
+
+    ``accumulate=N``: the gradients of N steps are summed (``grad_req='add'``) before
+    one exchange and update (``step(..., flush=True)`` updates at once: an epoch's end).
+    ``clip_grad``: the global norm of the mean gradient is clipped to it after the
+    exchange, on every device alike.
     """
 
     def __init__(self, net, ctx, optimizer="sgd", optimizer_params=None, kvstore=None, head=None,
@@ -184,9 +189,12 @@ class DataParallel:
     def _clip(self, max_norm):
         """Global-norm clipping of the summed gradients, on every device alike: replicas
         hold the same sums after the exchange, so they stay identical. No host sync."""
-        trained = [p for p in self.net.collect_params().values() if p.grad_req != "null"]
+        trained = self._trained()
         for c in self.ctx:
             gluon.utils.clip_global_norm([legacy(p.grad(c)) for p in trained], max_norm, check_isfinite=False)
+
+    def _trained(self):
+        return [p for p in self.net.collect_params().values() if p.grad_req != "null"]
 
     def _run(self, x, y, training):
         """One shard through its cached graph; legacy outputs whatever the model's API."""
@@ -314,19 +322,17 @@ class DataParallel:
         device, must take them as fresh."""
         if self.accumulate == 1:
             self._zero_grads(idle_ctx)
-        for param in self.net.collect_params().values():
-            if param.grad_req != "null":
-                for c in idle_ctx:
-                    param.data(c)._fresh_grad = True  # pylint: disable=protected-access
+        for param in self._trained():
+            for c in idle_ctx:
+                param.data(c)._fresh_grad = True  # pylint: disable=protected-access
 
     def _zero_grads(self, ctx):
         if self.buckets is not None:
             self.buckets.zero(ctx)
             return
-        for param in self.net.collect_params().values():
-            if param.grad_req != "null":
-                for c in ctx:
-                    param.grad(c)[:] = 0
+        for param in self._trained():
+            for c in ctx:
+                param.grad(c)[:] = 0
 
 
 def _check_devices(net, ctx):
