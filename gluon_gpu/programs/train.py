@@ -348,7 +348,8 @@ def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, prog
         save_parameters(dp.net, os.path.join(out, "net.params"))
     _end(callbacks, history, "early-stopped" if stopped_early else "finished")
     if chief:
-        print(f"saved {out}/net.params (best.params: the best {callbacks[1].monitor.flag}), metrics.json, "
+        monitored = next(cb.monitor.flag for cb in callbacks if hasattr(cb, "monitor"))
+        print(f"saved {out}/net.params (best.params: the best {monitored}), metrics.json, "
               f"metrics.csv, curves.png{', tb/' if config.tensorboard else ''}; checkpoints in {out}/checkpoints")
         for cb in callbacks:
             if hasattr(cb, "describe"):
