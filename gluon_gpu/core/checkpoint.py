@@ -5,7 +5,7 @@ RUN/checkpoints/epoch-00004-batch-0000120/{net.params, optimizer.*, state.json},
 directory per checkpoint, named by training progress (never by a step count, which
 depends on the worker count), built under a temporary name and renamed into place once
 every file in it is fsynced. The most advanced complete directory is the one to resume
-from; one that fails to load is skipped for the next older (``resume_candidates``).
+from; one that fails to load is skipped for the next older (``checkpoints`` lists them).
 """
 import json
 import os

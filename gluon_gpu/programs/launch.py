@@ -137,12 +137,12 @@ class Role:
         if self.remote:
             self.signal(signal.SIGTERM)
         else:
-            _signal_group(self.popen, signal.SIGTERM)
+            remote_role.signal_group(self.popen.pid, signal.SIGTERM)
 
     def kill(self):
         if self.remote:  # the end of the control line: the wrapper kills the remote group
             self._control(None)
-        _signal_group(self.popen, signal.SIGKILL)
+        remote_role.signal_group(self.popen.pid)
 
     def _control(self, text):
         try:
@@ -212,13 +212,6 @@ class Job:
             r.kill()  # the group too: helpers of an exited leader
         for r in self.roles:
             r.popen.wait()
-
-
-def _signal_group(p, signum):
-    try:
-        os.killpg(p.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _describe(code):

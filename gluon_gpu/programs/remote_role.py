@@ -24,9 +24,10 @@ def die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _kill_group(pid):
+def signal_group(pid, signum=signal.SIGKILL):
+    """Send ``signum`` to the process group led by ``pid``, if it is still there."""
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -39,7 +40,7 @@ def _obey(control, child):
                 os.kill(child.pid, getattr(signal, name))
             except ProcessLookupError:
                 pass
-    _kill_group(child.pid)  # the session is gone: so is the job
+    signal_group(child.pid)  # the session is gone: so is the job
 
 
 def run(command):
@@ -51,7 +52,7 @@ def run(command):
         return 127
     threading.Thread(target=_obey, args=(sys.stdin, child), daemon=True).start()
     code = child.wait()
-    _kill_group(child.pid)  # helpers the role left behind
+    signal_group(child.pid)  # helpers the role left behind
     return code if code >= 0 else 128 - code
 
 

@@ -121,11 +121,11 @@ def cpu_threads(ctx):
 
 
 class Checkpointer:
-    """Callback: a checkpoint every ``period`` epochs and at the end (see checkpoint.py)."""
+    """Callback: a checkpoint every ``--save-period`` epochs and at the end (see checkpoint.py)."""
 
-    def __init__(self, out, dp, batches_per_epoch, record, config, chief=True):
-        self.out, self.dp, self.batches, self.record = out, dp, batches_per_epoch, record
-        self.config, self.chief = config, chief
+    def __init__(self, out, dp, record, config):
+        self.out, self.dp, self.record, self.config = out, dp, record, config
+        self.chief = dp.rank == 0  # in a distributed job only rank 0 writes
         self.last = None
 
     def save(self, epoch, batch, history, seconds=0.0):
@@ -289,7 +289,7 @@ def _train(config, ctx, out, run, start, chief, resumed, progress, monitor):
     header = {**record, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
               "fused_conv": is_fused(dp.net), "mxnet": mx.__version__, "gluon_gpu": __version__}
     callbacks = chief_callbacks(config, run, out, header, monitor, start[:2] if resumed else None) if chief else []
-    checkpointer = Checkpointer(out, dp, len(run.train), record, config, chief)
+    checkpointer = Checkpointer(out, dp, record, config)
     last_good = _KeepLastGood(dp.net, start[0])
     stop = StopFlag()
     try:
