@@ -5,7 +5,11 @@ import numpy as np
 import pytest
 import mxnet as mx
 
+from gluon_gpu.core.precision import cpu_flags
 from gluon_gpu.data.fashion_mnist import fashion_spec, find_data_dir, load_split
+
+needs_bf16 = pytest.mark.skipif(not cpu_flags() & {"avx512_bf16", "amx_bf16"},
+                                reason="this CPU has no AVX-512 BF16 instructions")
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ import pytest
 
 from gluon_gpu.programs import bench
 
+from conftest import needs_bf16
+
 
 def test_bench_runs_end_to_end_and_writes_json_and_png(tmp_path, capsys):
     out = str(tmp_path / "bench")
@@ -106,3 +108,44 @@ def test_workers_bench_times_real_jobs(tmp_path, capsys, monkeypatch):
     assert rows[1]["val_acc"] > 0.1
     assert bench.main(["--devices", "cpu", "--workers", "1", "--epochs", "1", "--limit", "256",
                        "--batch-size", "128", "--out", out, "--quiet"]) == 0  # the same --out again
+
+
+@needs_bf16
+def test_bench_runs_each_dtype_and_thread_count_in_its_own_process(tmp_path, capsys):
+    """contrib.amp and OMP_NUM_THREADS hold for a whole process: every combination is a
+    child bench, the rows come back tagged and compared across the children."""
+    out = str(tmp_path / "bench")
+    assert bench.main(["--devices", "cpu", "--dtype", "float32", "bfloat16", "--omp-threads", "1", "2",
+                       "--epochs", "2", "--limit", "512", "--num-workers", "0", "--out", out, "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    with open(os.path.join(out, "bench.json")) as f:
+        report = json.load(f)
+    rows = report["results"]
+    assert [(r["dtype"], r["omp_threads"]) for r in rows] == [("float32", 1), ("float32", 2),
+                                                              ("bfloat16", 1), ("bfloat16", 2)]
+    for r in rows:
+        assert r["vs_first"] == pytest.approx(rows[0]["median_epoch_s"] / r["median_epoch_s"])
+        assert r["vs_tutorial"] == pytest.approx(report["tutorial"]["median_epoch_s"] / r["median_epoch_s"])
+        assert len(r["runs"][0]["loss"]) == 2 and r["runs"][0]["loss"][1] < r["runs"][0]["loss"][0]
+    for dtype in ("float32", "bfloat16"):  # each child's own report, with its own thread setting
+        with open(os.path.join(out, f"{dtype}-omp2", "bench.json")) as f:
+            child = json.load(f)
+        assert child["machine"]["threads"]["omp_threads"] == 2 and child["config"]["dtype"] == [dtype]
+    assert "cpu bfloat16 t2" in printed and "baseline loop" in printed
+    with open(os.path.join(out, "variants.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_of_a_zoo_model_times_gluoncv_s_loop_as_the_baseline(tmp_path, monkeypatch):
+    from gluon_gpu.programs import tutorial_loop
+    built = []
+    real = tutorial_loop.run
+    monkeypatch.setattr(tutorial_loop, "run", lambda *a, **k: built.append(k["model"]) or real(*a, **k))
+    out = str(tmp_path / "bench")
+    assert bench.main(["--devices", "cpu", "--model", "cifar_resnet20_v1", "--epochs", "2", "--limit", "256",
+                       "--batch-size", "128", "--num-workers", "0", "--out", out, "--quiet"]) == 0
+    with open(os.path.join(out, "bench.json")) as f:
+        report = json.load(f)
+    assert built == ["cifar_resnet20_v1"] and report["tutorial"]["samples_per_s"] > 0
+    assert report["results"][0]["vs_tutorial"] == pytest.approx(
+        report["tutorial"]["median_epoch_s"] / report["results"][0]["median_epoch_s"])

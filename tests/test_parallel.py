@@ -1,3 +1,5 @@
+import re
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -8,7 +10,9 @@ from gluon_gpu.core.modes import forward_zeros, semantics
 from gluon_gpu.data import DevicePipeline
 from gluon_gpu.core.errors import UserError
 from gluon_gpu.models import init_model
+from gluon_gpu.core import precision
 from gluon_gpu.core.kvstores import check_options
+from gluon_gpu.core.precision import check_precision, precision_for
 
 from conftest import fashion_transform, param_arrays
 
@@ -166,8 +170,6 @@ def test_evaluate_matches_numpy(train_slice, api):
     ({"kvstore": "nccl"}, "nccl needs GPU devices"),
     ({"kvstore": "bogus"}, "unknown kvstore"),
     ({"kvstore": "dist_sync"}, "gluon_gpu.launch"),
-    ({"dtype": "float16"}, "GPU devices only"),
-    ({"dtype": "int8"}, "unknown dtype"),
 ])
 def test_gpu_and_launcher_only_options_fail_clearly(monkeypatch, kwargs, message):
     monkeypatch.delenv("DMLC_ROLE", raising=False)
@@ -183,8 +185,30 @@ def test_nccl_on_gpus_needs_an_nccl_build():
         check_options([mx.gpu(0), mx.gpu(1)], kvstore="nccl")
 
 
-def test_float16_accepted_for_gpu_contexts():
-    check_options([mx.gpu(0)], kvstore="device", dtype="float16")
+@pytest.mark.parametrize("dtype,amp,ctx,message", [
+    ("float16", False, [mx.cpu(0)], "float16 training needs GPU devices"),
+    ("float32", True, [mx.cpu(0), mx.cpu(1)], "--amp (float16 mixed precision) needs GPU devices"),
+    ("bfloat16", False, [mx.gpu(0)], "on GPUs use --amp"),
+    ("bfloat16", True, [mx.cpu(0)], "pass one of them"),
+    ("int8", False, [mx.cpu(0)], "unknown dtype"),
+])
+def test_precisions_the_devices_cannot_train_in_fail_clearly(dtype, amp, ctx, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_precision(precision_for(dtype, amp), ctx)
+
+
+@pytest.mark.parametrize("dtype,amp", [("float16", False), ("float32", True), ("float16", True)])
+def test_float16_and_amp_accepted_for_gpu_contexts(dtype, amp):
+    check_precision(precision_for(dtype, amp), [mx.gpu(0), mx.gpu(1)])
+    assert precision_for(dtype, amp).loss_scaling == amp  # AMP float16 scales its loss; a cast network does not
+
+
+def test_bfloat16_needs_the_cpu_instructions(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512f", "avx512bw"})
+    with pytest.raises(UserError, match="needs a CPU with AVX-512 BF16"):
+        check_precision(precision_for("bfloat16"), [mx.cpu(0)])
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    check_precision(precision_for("bfloat16"), [mx.cpu(0)])
 
 
 def test_a_loop_that_never_reads_holds_a_bounded_number_of_steps(train_slice, monkeypatch):

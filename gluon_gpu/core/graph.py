@@ -6,30 +6,34 @@ from mxnet import gluon, nd
 from .modes import legacy, to_api
 
 
-def make_step_graph(net, head, transform, dtype, members, is_np, training):
+def make_step_graph(net, head, transform, precision, members, is_np, training):
     """``(x, y) -> (loss sums (K,), stats)`` in training, ``stats`` in evaluation.
 
     ``stats`` is ``[loss sums (K), each metric's sums (K)]``; evaluating an ensemble
     adds the combined output's ``[loss, each metric]`` sums (the head's ``combine``).
-    The network runs in its own API (``is_np``); transform and head in the legacy one.
+    The network runs in its own API (``is_np``) and ``precision`` (inputs cast to the
+    parameters' dtype; its outputs to float32); transform and head in the legacy one.
     A HybridBlock network gets a hybridizable graph; any other Block an eager one."""
     kind = StepGraph if isinstance(net, gluon.HybridBlock) else EagerStepGraph
     graph = kind(prefix="")
     graph.net, graph.transform = net, transform
-    graph._config = (head, dtype, members, is_np, training)  # pylint: disable=protected-access
+    graph._config = (head, precision, members, is_np, training)  # pylint: disable=protected-access
     return graph
 
 
 def _forward(graph, F, x, y):
-    head, dtype, members, is_np, training = graph._config  # pylint: disable=protected-access
+    head, precision, members, is_np, training = graph._config  # pylint: disable=protected-access
     x, y = legacy(x), legacy(y)
     with mx.util.np_array(False):
         if graph.transform is not None:
             x = graph.transform(x)
-        x = x.astype(dtype)
+        x = x.astype(precision.param_dtype)
     out = graph.net(to_api(x, is_np))
     with mx.util.np_array(False):
-        sums = _head_sums(F, head, legacy(out), y.astype("float32"), dtype, members, training)
+        out = legacy(out)
+        if precision.dtype != "float32":  # losses and sums in float32 whatever the network computes in
+            out = F.cast(out, dtype="float32")
+        sums = _head_sums(F, head, out, y.astype("float32"), members, training)
     return tuple(to_api(s, is_np) for s in sums) if training else to_api(sums, is_np)
 
 
@@ -43,9 +47,7 @@ class EagerStepGraph(gluon.Block):
         return _forward(self, nd, x, y)
 
 
-def _head_sums(F, head, out, y, dtype, k, training):
-    if dtype != "float32":  # losses and sums in float32 whatever the network's dtype
-        out = F.cast(out, dtype="float32")
+def _head_sums(F, head, out, y, k, training):
     parts = []
     if k > 1:
         if not training:

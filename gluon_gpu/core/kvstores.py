@@ -7,7 +7,6 @@ import mxnet as mx
 from .errors import UserError
 
 KVSTORES = ("device", "local", "nccl", "dist_sync", "dist_device_sync", "dist_async")
-DTYPES = ("float32", "float16")
 
 
 def default_kvstore(ctx):
@@ -15,8 +14,8 @@ def default_kvstore(ctx):
     return "device" if ctx[0].device_type == "gpu" else "local"
 
 
-def check_options(ctx, kvstore=None, dtype="float32"):
-    """Reject GPU-only or launcher-only options where they cannot work (UserError)."""
+def check_options(ctx, kvstore=None):
+    """Reject GPU-only or launcher-only kvstores where they cannot work (UserError)."""
     on_gpu = all(c.device_type == "gpu" for c in ctx)
     if kvstore is not None and kvstore not in KVSTORES:
         raise UserError(f"unknown kvstore {kvstore!r}: choose one of {', '.join(KVSTORES)}")
@@ -30,7 +29,3 @@ def check_options(ctx, kvstore=None, dtype="float32"):
         if "DMLC_ROLE" not in os.environ:
             raise UserError(f"kvstore {kvstore} needs the DMLC_* environment of a distributed "
                             "job: start it with python -m gluon_gpu.launch")
-    if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-    if dtype == "float16" and not on_gpu:
-        raise UserError("float16 training is supported on GPU devices only")

@@ -17,6 +17,7 @@ from mxnet import nd
 
 from .errors import ParamsError
 from .modes import legacy
+from .precision import load_loss_scaler_state, loss_scaler_state
 
 ARRAYS, LAYOUT, LEGACY_PICKLE = "optimizer.params", "optimizer.json", "trainer.states"
 _SAFE_MODULES = ("mxnet.optimizer", "mxnet.lr_scheduler", "gluoncv.utils.lr_scheduler")
@@ -38,7 +39,8 @@ def save_optimizer_state(trainer, directory):
     optimizer = trainer._optimizer  # pylint: disable=protected-access
     counts = optimizer._all_index_update_counts  # pylint: disable=protected-access
     meta = {"layout": layout, "num_update": optimizer.num_update,  # update counts per device, per parameter
-            "update_counts": {str(d): {str(k): v for k, v in c.items()} for d, c in counts.items()}}
+            "update_counts": {str(d): {str(k): v for k, v in c.items()} for d, c in counts.items()},
+            "loss_scaler": loss_scaler_state(trainer)}  # AMP's dynamic loss scale, if any
     nd.save(os.path.join(directory, ARRAYS), arrays)
     with open(os.path.join(directory, LAYOUT), "w") as f:
         json.dump(meta, f)
@@ -70,7 +72,7 @@ def has_optimizer_state(directory):
 
 def load_optimizer_state(trainer, directory):
     """Restore what ``save_optimizer_state`` wrote (or an older version's pickle, read
-    safely) into ``trainer``: every device's updater, and the update counts."""
+    safely) into ``trainer``: every device's updater, the update counts, the loss scale."""
     if not trainer._kv_initialized:  # pylint: disable=protected-access
         trainer._init_kvstore()  # pylint: disable=protected-access
     if trainer._params_to_init:  # pylint: disable=protected-access
@@ -85,6 +87,7 @@ def load_optimizer_state(trainer, directory):
         states = {int(i): (lambda l=l: _build(l, arrays)) for i, l in meta["layout"].items()}
         num_update = meta["num_update"]
         counts = {int(d): {int(k): v for k, v in c.items()} for d, c in meta["update_counts"].items()}
+        load_loss_scaler_state(trainer, meta.get("loss_scaler"))
     else:
         with open(os.path.join(directory, LEGACY_PICKLE), "rb") as f:
             loaded = _SafeUnpickler(f, os.path.join(directory, LEGACY_PICKLE)).load()

@@ -26,6 +26,8 @@ from .heads import Classification, Head, head_for
 from .kvstores import check_options, default_kvstore
 from .metrics import DeviceSums, report
 from .modes import legacy, model_is_np, semantics, to_api
+from .precision import (check_precision, enable_amp, init_loss_scaling, loss_scale, precision_for,
+                        scaled_losses)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # what a training loop stops on, in precedence
 
@@ -56,31 +58,39 @@ class DataParallel:
     one exchange and update (``step(..., flush=True)`` updates at once: an epoch's end).
     ``clip_grad``: the global norm of the mean gradient is clipped to it after the
     exchange, on every device alike.
+
+    ``dtype``/``amp``/``loss_scaling``: the precision (precision.py): ``'bfloat16'``
+    (CPUs) or ``amp=True`` (float16 on GPUs) train through ``contrib.amp``, which is
+    process-wide: one such precision per process.
     """
 
     def __init__(self, net, ctx, optimizer="sgd", optimizer_params=None, kvstore=None, head=None,
                  transform=None, hybridize=True, dtype="float32", initializer=None, batch_size=None,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES, exchange=True, accumulate=1, clip_grad=None):
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, exchange=True, accumulate=1, clip_grad=None, amp=False,
+                 loss_scaling=None):
         self.ctx = list(ctx)
         self.batch_size = batch_size
         self.accumulate, self.clip_grad = accumulate, clip_grad
         self.pending_batches, self._pending_samples = 0, 0
         store = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         kvstore = store.type if store else (kvstore or default_kvstore(self.ctx))
-        check_options(self.ctx, kvstore, dtype)
+        check_options(self.ctx, kvstore)
+        self.precision = precision_for(dtype, amp, loss_scaling)
+        check_precision(self.precision, self.ctx)
         _check_devices(net, self.ctx)
-        self.net, self.transform, self.hybridize, self.dtype = net, transform, hybridize, dtype
+        self.net, self.transform, self.hybridize = net, transform, hybridize
         self.head = head if isinstance(head, Head) else (head_for(head) if head else Classification())
         self.members = getattr(net, "members", 1)
         self.is_np = model_is_np(net)
+        enable_amp(self.precision, self.is_np)  # before any graph is built
         with semantics(self.is_np):
             _place(net, self.ctx, initializer or mx.init.Xavier())
-            if dtype != "float32":
-                net.cast(dtype)
+            if self.precision.param_dtype != "float32":
+                net.cast(self.precision.param_dtype)
         if transform is not None:  # its constants (per-channel normalization) on the devices
             _place(transform, self.ctx, mx.init.Uniform())  # constants keep their own values
         params = dict(optimizer_params or {})
-        if dtype == "float16":
+        if self.precision.param_dtype == "float16":
             params.setdefault("multi_precision", True)
         if accumulate > 1:  # backward adds to the gradients until the update
             for p in net.collect_params().values():
@@ -109,6 +119,7 @@ class DataParallel:
         self.trainer = gluon.Trainer(net.collect_params(), optimizer, params,
                                      kvstore=self.kvstore if exchange and not self.bucketing else None,
                                      update_on_kvstore=None if kvstore == "dist_async" else False)
+        init_loss_scaling(self.precision, self.trainer)  # AMP needs update_on_kvstore=False, as here
         self.names = self.head.names
         self.sums = DeviceSums(self.ctx, (1 + len(self.names)) * self.members, self.members)
         if self.distributed:
@@ -152,7 +163,8 @@ class DataParallel:
         with semantics(self.is_np):
             with autograd.record():
                 outs = [self._run(x, y, training=True) for x, y in zip(xs, ys)]
-            autograd.backward([loss_sum for loss_sum, _ in outs])  # one call for every device
+                with scaled_losses(self.trainer, [loss_sum for loss_sum, _ in outs]) as losses:
+                    autograd.backward(losses)  # one call for every device
             if len(xs) < len(self.ctx):
                 self._idle(self.ctx[len(xs):])
             self.pending_batches += 1
@@ -180,8 +192,8 @@ class DataParallel:
             self._bucketed().allreduce()
         else:
             self.trainer.allreduce_grads()
-        if self.clip_grad:
-            self._clip(self.clip_grad * scale)
+        if self.clip_grad:  # the gradients carry the scale of the batch and of the loss
+            self._clip(self.clip_grad * scale * loss_scale(self.trainer))
         self.trainer.update(scale)
         if self.accumulate > 1:
             self._zero_grads(self.ctx)
@@ -298,7 +310,7 @@ class DataParallel:
         key = (tuple(shape), training)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = make_step_graph(self.net, self.head, self.transform, self.dtype, self.members,
+            graph = make_step_graph(self.net, self.head, self.transform, self.precision, self.members,
                                     self.is_np, training)
             if self.hybridize and isinstance(self.net, gluon.HybridBlock):
                 graph.hybridize(static_alloc=True, static_shape=True)

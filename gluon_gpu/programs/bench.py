@@ -7,7 +7,10 @@ speedup over the first spec and scaling efficiency (speedup / device count). Wit
 counted within a mode, so the fused operator's gain is measured side by side. With
 ``--baseline tutorial`` the MXNet tutorial's loop is timed in the same invocation and
 every spec gets the ratio tutorial epoch / our epoch. Writes a table to stdout,
-``OUT/bench.json`` and ``OUT/scaling.png``.
+``OUT/bench.json`` and ``OUT/scaling.png``. Any ``--model``: the baseline is then the
+same loop training gluoncv's network as GluonCV's CIFAR script does. Several ``--dtype``
+or ``--omp-threads`` values: each combination in a process of its own
+(bench_variants.py), in one table and ``OUT/variants.png`` with the learning curves.
 """
 import os
 import platform
@@ -24,16 +27,18 @@ from tqdm import tqdm
 
 from .. import __version__
 from ..core.callbacks import save_figure, subplots
-from ..core.devices import cpu_contexts, gpu_count, parse_devices, thread_settings
+from ..core.devices import cpu_contexts, gpu_count, parse_devices, require_thread_settings, thread_settings
 from ..core.errors import UserError
 from ..core.files import write_json
+from ..core.precision import check_precision, precision_for
 from ..core.loop import train_epoch
 from ..data import load_dataset
 from ..models import get_model
 from ..models.zoo import model_for
 from ..models.fused_conv import is_fused
 from . import tutorial_loop
-from .cli import Parser, main_guard, parse_args, positive_int, progress_enabled
+from . import bench_variants
+from .cli import Parser, main_guard, positive_int, progress_enabled
 from .config import COMMON_FLAGS, RunConfig, add_flags
 from .run import build_run
 from .train import check_writable
@@ -41,11 +46,12 @@ from .train import check_writable
 
 def build_parser():
     p = Parser(prog="gluon_gpu.bench", description=__doc__)
-    add_flags(p, COMMON_FLAGS + ("model", "bucket_mb", "pipeline", "num_workers", "limit"),
-              many=("devices", "fused_conv"), defaults={"devices": None})
+    add_flags(p, COMMON_FLAGS + ("model", "bucket_mb", "pipeline", "num_workers", "limit", "dtype", "amp"),
+              many=("devices", "fused_conv") + bench_variants.PROCESS_WIDE, defaults={"devices": None})
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs per run (the first is reported apart)")
     p.add_argument("--repeats", type=positive_int, default=1, help="runs per spec; medians pool them")
-    p.add_argument("--baseline", choices=("tutorial", "none"), default="tutorial")
+    p.add_argument("--baseline", choices=("tutorial", "none"), default="tutorial",
+                   help="time MXNet's tutorial loop (LeNet; other models: GluonCV's loop) beside ours")
     p.add_argument("--ensemble", type=positive_int, nargs="+", default=None, metavar="K",
                    help="ensemble mode: time K fused LeNets per K (on the first --devices spec) "
                         "against K x the K=1 epoch")
@@ -75,7 +81,7 @@ def time_ours(args, spec, bar, data, members=1, fused_conv=None):
     config = RunConfig(devices=spec, batch_size=args.batch_size, model=args.model, pipeline=args.pipeline,
                        num_workers=args.num_workers, quiet=True, ensemble=members,
                        fused_conv=fused_conv or args.fused_conv[0], bucket_mb=args.bucket_mb,
-                       limit=args.limit, data_dir=args.data_dir)
+                       limit=args.limit, data_dir=args.data_dir, dtype=args.dtype[0], amp=args.amp)
     runs = []
     for _ in range(args.repeats):
         run = build_run(config, ctx, data=data)
@@ -83,26 +89,30 @@ def time_ours(args, spec, bar, data, members=1, fused_conv=None):
         # Several devices: each epoch is followed by one of the same steps without the
         # gradient exchange, so what the exchange costs is measured epoch by epoch.
         alone = build_run(config, ctx, exchange=False, data=data).dp if len(ctx) > 1 and members == 1 else None
-        seconds, cpu_seconds, alone_seconds = [], [], []
+        seconds, cpu_seconds, alone_seconds, losses = [], [], [], []
         for epoch in range(args.epochs):
             cpu_start = time.process_time()
-            seconds.append(train_epoch(dp, train_pipe, epoch)["seconds"])
+            record = train_epoch(dp, train_pipe, epoch)
+            seconds.append(record["seconds"])
+            losses.append(record["loss"])
             cpu_seconds.append(time.process_time() - cpu_start)
             if alone is not None:
                 alone_seconds.append(train_epoch(alone, train_pipe, epoch)["seconds"])
             bar.update(1)
         runs.append({"seconds": seconds, "cpu_seconds": cpu_seconds, "no_exchange_seconds": alone_seconds,
-                     "val_acc": dp.evaluate(run.val.epoch(0))["acc"]})
+                     "loss": losses, "val_acc": dp.evaluate(run.val.epoch(0))["acc"]})
     return runs, {"devices": len(ctx), "samples": train_pipe.n, "fused_conv": is_fused(dp.net)}
 
 
 def time_tutorial(args, data, bar):
     ctx = parse_devices(args.devices[0])
+    model = model_for(args.model, data.spec.input_shape)
     runs = []
     for _ in range(args.repeats):
         mx.random.seed(0)
-        seconds, acc = tutorial_loop.run(data.train_x, data.train_y, data.val_x, data.val_y, ctx, args.epochs, args.batch_size, args.num_workers,
-                                         on_epoch=lambda *_: bar.update(1))
+        seconds, acc = tutorial_loop.run(data.train_x, data.train_y, data.val_x, data.val_y, ctx, args.epochs,
+                                         args.batch_size, args.num_workers, on_epoch=lambda *_: bar.update(1),
+                                         model=model, classes=data.spec.outputs)
         runs.append({"seconds": seconds, "val_acc": acc})
     return runs
 
@@ -349,11 +359,18 @@ def run_workers(args):
 
 @main_guard("gluon_gpu.bench")
 def main(argv=None):
-    args = parse_args(build_parser(), argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     args.devices = args.devices or default_specs()
-    for spec in args.devices:
-        parse_devices(spec)  # every spec checked before any work
+    for spec in args.devices:  # every spec and precision checked before any work
+        for dtype in args.dtype:
+            check_precision(precision_for(dtype, args.amp), parse_devices(spec))
     check_writable(args.out)
+    combinations = bench_variants.variants(args)
+    if len(combinations) > 1:
+        with tqdm(total=len(combinations), desc="bench", unit="process", disable=not progress_enabled(args)) as bar:
+            return bench_variants.report_variants(parser, args, bar, machine_info())
+    require_thread_settings(args.omp_threads[0], args.engine_threads, restart=argv is None)
     if args.ensemble:
         return run_ensembles(args)
     if args.workers:

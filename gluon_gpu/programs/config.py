@@ -6,7 +6,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Optional
 
 from ..core.buckets import DEFAULT_BUCKET_MB
-from ..core.kvstores import DTYPES, KVSTORES
+from ..core.kvstores import KVSTORES
+from ..core.precision import DTYPES
 from ..data import DATASETS, PIPELINES
 from ..models.fused_conv import MODES
 from .cli import non_negative_float, non_negative_int, positive_float, positive_int, seed
@@ -80,7 +81,10 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                             action=argparse.BooleanOptionalAction)
     kvstore: Optional[str] = _flag(None, "gradient aggregation (default: device on GPUs, local on CPUs)",
                                    choices=KVSTORES)
-    dtype: str = _flag("float32", "float16: GPUs only", choices=DTYPES)
+    dtype: str = _flag("float32", "bfloat16: mixed precision (contrib.amp) on CPUs with AVX-512 BF16; "
+                       "float16: the network cast to float16, GPUs only", choices=DTYPES)
+    amp: bool = _flag(False, "float16 mixed precision (contrib.amp, dynamic loss scaling): GPUs only",
+                      action="store_true")
     # bookkeeping
     out: Optional[str] = _flag(None, "run directory (default runs/<timestamp>)")
     log_interval: int = _flag(50, "batches between loss reads", True, type=positive_int)

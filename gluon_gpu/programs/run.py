@@ -8,6 +8,7 @@ from ..core.errors import UserError
 from ..core.heads import head_for
 from ..core.kvstores import check_options
 from ..core.parallel import DataParallel
+from ..core.precision import check_precision, precision_for
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
 from ..models import init_model
 from ..models.sync_bn import use_sync_batchnorm
@@ -35,7 +36,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     its shard of every global batch (``--batch-size`` is per worker). ``exchange=False``:
     the benchmark's baseline without the gradient exchange."""
     check_batch(config.batch_size, ctx)
-    check_options(ctx, config.kvstore, config.dtype)  # before any data is read
+    check_options(ctx, config.kvstore)  # before any data is read
+    check_precision(precision_for(config.dtype, config.amp), ctx)
     if model is None and config.model != "auto":
         check_model_name(config.model)
     if config.seed + config.ensemble - 1 > MAX_SEED:
@@ -61,7 +63,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     dp = DataParallel(net, ctx, config.optimizer, optimizer_params(config, updates_per_epoch),
                       kvstore=store or config.kvstore, head=head_for(spec.task, spec.outputs),
                       transform=spec.transform(config.ensemble), hybridize=config.hybridize,
-                      dtype=config.dtype, batch_size=config.batch_size,
+                      dtype=config.dtype, amp=config.amp, batch_size=config.batch_size,
                       bucket_bytes=int(config.bucket_mb * 2**20), exchange=exchange,
                       accumulate=config.accumulate, clip_grad=config.clip_grad)
     return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),

@@ -163,6 +163,7 @@ def plan_line(config, run, ctx, out):
     dp = run.dp
     what = f"{config.ensemble} x {config.model}" if config.ensemble > 1 else config.model
     what += " (fused conv+relu+pool)" if is_fused(dp.net) else ""
+    what += f" in {dp.precision.describe()}" if dp.precision.dtype != "float32" else ""
     workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
     spec = run.data.spec
     task = (f"{len(spec.classes)} classes" if spec.task == "classify" else f"regression of {spec.outputs}")

@@ -1,0 +1,119 @@
+"""Benchmark rows for settings that hold for a whole process: ``--dtype`` (MXNet's
+contrib.amp is process-wide) and ``--omp-threads`` (MXNet reads it once, at start).
+
+With several values of either, every combination runs as a child ``gluon_gpu.bench``
+of its own, one after another in the same invocation (so the rows share the machine's
+minute), and its rows come back tagged; the first child alone times the baseline loop.
+"""
+import json
+import os
+import subprocess
+import sys
+
+from ..core.callbacks import save_figure, subplots
+from ..core.errors import UserError
+from ..core.files import write_json
+
+PROCESS_WIDE = ("dtype", "omp_threads")
+
+
+def variants(args):
+    """``[(dtype, omp_threads)]`` the flags ask for, in their order."""
+    return [(d, t) for d in dict.fromkeys(args.dtype) for t in dict.fromkeys(args.omp_threads)]
+
+
+def child_argv(parser, args, **values):
+    """The command line that gives ``parser`` the namespace ``args`` with ``values`` in
+    place of some of its entries."""
+    argv = []
+    for action in parser._actions:  # pylint: disable=protected-access
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = values.get(action.dest, getattr(args, action.dest))
+        if value is None or value is False:
+            continue
+        flag = action.option_strings[-1]
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [flag] + [str(v) for v in value]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def label(dtype, threads):
+    return f"{dtype}, {threads or 'default'} OMP thread{'s' * (threads != 1)}"
+
+
+def run_variants(parser, args, bar):
+    """Each combination in a child bench; returns ``(rows, tutorial)`` with every row
+    tagged by its ``dtype`` and ``omp_threads``."""
+    rows, tutorial = [], None
+    for number, (dtype, threads) in enumerate(variants(args)):
+        out = os.path.join(args.out, f"{dtype}-omp{threads or 'default'}")
+        argv = child_argv(parser, args, dtype=[dtype], omp_threads=[threads], out=out, quiet=True,
+                          baseline=args.baseline if number == 0 else "none")
+        proc = subprocess.run([sys.executable, "-m", "gluon_gpu.bench"] + argv, capture_output=True, text=True)
+        if proc.returncode:
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise UserError(f"the {label(dtype, threads)} benchmark failed: {last}")
+        with open(os.path.join(out, "bench.json")) as f:
+            report = json.load(f)
+        for row in report["results"]:
+            row.update(dtype=dtype, omp_threads=report["machine"]["threads"]["omp_threads"],
+                       name=f"{row['name']} {dtype} t{report['machine']['threads']['omp_threads']}")
+            rows.append(row)
+        tutorial = tutorial or report.get("tutorial")
+        bar.update(1)
+    first = rows[0]["median_epoch_s"]
+    for row in rows:  # against the first row, and the baseline, across processes
+        row["vs_first"] = first / row["median_epoch_s"]
+        if tutorial:
+            row["vs_tutorial"] = tutorial["median_epoch_s"] / row["median_epoch_s"]
+    return rows, tutorial
+
+
+def format_variants(rows, tutorial):
+    head = (f"{'run':<28}{'first s':>9}{'median s':>10}{'samples/s':>11}{'vs first':>10}"
+            f"{'vs baseline':>13}{'val-acc':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        vs = f"{r['vs_tutorial']:.2f}x" if r.get("vs_tutorial") else "-"
+        lines.append(f"{r['name']:<28}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
+                     f"{r['samples_per_s']:>11.0f}{r['vs_first']:>9.2f}x{vs:>13}{r['val_acc']:>9.4f}")
+    if tutorial:
+        lines.append(f"{'baseline loop':<28}{tutorial['first_epoch_s']:>9.2f}{tutorial['median_epoch_s']:>10.2f}"
+                     f"{tutorial['samples_per_s']:>11.0f}{'':>10}{'1.00x':>13}{tutorial['val_acc']:>9.4f}")
+    return "\n".join(lines)
+
+
+def plot_variants(rows, tutorial, path):
+    """Throughput per row, and each row's training loss per epoch (do the precisions'
+    curves track each other?)."""
+    fig, (ax_speed, ax_loss) = subplots(1, 2, figsize=(11, 4))
+    names = [r["name"] for r in rows] + (["baseline loop"] if tutorial else [])
+    speeds = [r["samples_per_s"] for r in rows] + ([tutorial["samples_per_s"]] if tutorial else [])
+    bars = ax_speed.bar(names, speeds, color=[f"C{i}" for i in range(len(rows))] + (["C7"] if tutorial else []))
+    ax_speed.bar_label(bars, fmt="%.0f")
+    ax_speed.tick_params(axis="x", labelrotation=20)
+    ax_speed.set_ylabel("samples/s (median epoch)")
+    ax_speed.set_title("throughput")
+    for i, r in enumerate(rows):
+        loss = r["runs"][0]["loss"]
+        ax_loss.plot(range(1, len(loss) + 1), loss, marker="o", color=f"C{i}", label=r["name"])
+    ax_loss.set_xlabel("epoch")
+    ax_loss.set_ylabel("training loss (first run)")
+    ax_loss.set_title("learning curves")
+    ax_loss.legend()
+    save_figure(fig, path)
+
+
+def report_variants(parser, args, bar, machine):
+    rows, tutorial = run_variants(parser, args, bar)
+    print(format_variants(rows, tutorial))
+    write_json(os.path.join(args.out, "bench.json"),
+               {"config": vars(args), "machine": machine, "results": rows, "tutorial": tutorial})
+    plot_variants(rows, tutorial, os.path.join(args.out, "variants.png"))
+    print(f"wrote {args.out}/bench.json and {args.out}/variants.png")
+    return 0
