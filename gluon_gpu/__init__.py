@@ -5,7 +5,7 @@ task heads, both MXNet APIs, checkpoints, the loop), ``data`` (datasets, pipelin
 ``models`` (LeNet, the zoo, ensembles, the fused operator, loading), then ``programs``
 (train, evaluate, predict, bench, launch).
 """
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from .core import environment  # noqa: E402  (imports no mxnet: it runs before mxnet starts)
 
@@ -15,7 +15,7 @@ from .core.devices import devices, parse_devices  # noqa: E402
 from .core.errors import UserError  # noqa: E402
 from .core.heads import Classification, Head, Regression  # noqa: E402
 from .core.parallel import DataParallel  # noqa: E402
-from .models import get_model, load_model  # noqa: E402
+from .models import ensemble, get_model, load_model  # noqa: E402
 
 __all__ = ["devices", "parse_devices", "DataParallel", "Head", "Classification", "Regression",
-           "get_model", "load_model", "UserError"]
+           "ensemble", "get_model", "load_model", "UserError"]

@@ -77,14 +77,17 @@ def test_default_specs_scale_over_gpus(monkeypatch):
     assert bench.default_specs() == ["gpu*1", "gpu*2", "gpu*4", "gpu*6", "cpu"]
 
 
-def test_ensemble_bench_writes_speedups_and_png(tmp_path, capsys):
+def test_ensemble_bench_times_every_spec_and_layout_against_k_times_one(tmp_path, capsys):
     out = str(tmp_path / "bench")
-    assert bench.main(["--devices", "cpu", "--ensemble", "2", "4", "--epochs", "2", "--limit", "512",
-                       "--out", out, "--quiet"]) == 0
+    assert bench.main(["--devices", "cpu", "cpu*2", "--ensemble", "2", "3", "--ensemble-layout", "auto", "fused",
+                       "--epochs", "2", "--limit", "512", "--out", out, "--quiet"]) == 0
     assert "vs sequential" in capsys.readouterr().out
     with open(os.path.join(out, "bench.json")) as f:
         rows = json.load(f)["ensembles"]
-    assert [r["members"] for r in rows] == [1, 2, 4]
+    assert [(r["spec"], r["layout"], r["members"]) for r in rows] == [
+        ("cpu", "-", 1), ("cpu", "separate", 2), ("cpu", "separate", 3), ("cpu", "fused", 2), ("cpu", "fused", 3),
+        ("cpu*2", "devices", 2), ("cpu*2", "devices", 3), ("cpu*2", "fused", 2), ("cpu*2", "fused", 3)]
+    assert [r["auto"] for r in rows[1:]] == [True, True, False, False, True, True, False, False]
     assert rows[0]["speedup_vs_sequential"] == 1.0
     for r in rows:
         assert r["member_samples_per_s"] == pytest.approx(512 * r["members"] / r["median_epoch_s"])
@@ -92,6 +95,12 @@ def test_ensemble_bench_writes_speedups_and_png(tmp_path, capsys):
             r["members"] * rows[0]["median_epoch_s"] / r["median_epoch_s"])
     with open(os.path.join(out, "ensemble.png"), "rb") as f:
         assert f.read(4) == b"\x89PNG"
+
+
+def test_ensemble_bench_refuses_a_layout_the_model_lacks(tmp_path, capsys):
+    assert bench.main(["--devices", "cpu", "--ensemble", "2", "--ensemble-layout", "fused", "--model", "mlp",
+                       "--out", str(tmp_path / "b"), "--quiet"]) == 2
+    assert "only LeNet's sequence" in capsys.readouterr().err
 
 
 def test_workers_bench_times_real_jobs(tmp_path, capsys, monkeypatch):

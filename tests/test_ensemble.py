@@ -1,5 +1,9 @@
-"""Seed-parallel ensembles: member k of a fused ensemble is the LeNet seed + k trains alone."""
+"""Seed-parallel ensembles: member k of an ensemble, in every layout, is the network
+seed + k trains alone."""
+import json
 import os
+import subprocess
+import sys
 
 import mxnet as mx
 import numpy as np
@@ -11,9 +15,12 @@ from gluon_gpu.programs import evaluate, predict, train
 from gluon_gpu.data import DevicePipeline
 from gluon_gpu.models.ensemble import EnsembleLeNet, combine_members, extract_member
 from gluon_gpu.models.fused_conv import is_fused
+from gluon_gpu.models.member_stack import MemberStack
 from gluon_gpu.models import init_model
 
 from conftest import fashion_transform, param_arrays, read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def train_steps(net, ctx, pipeline, optimizer, params, steps):
@@ -24,6 +31,12 @@ def train_steps(net, ctx, pipeline, optimizer, params, steps):
     return dp
 
 
+def pipeline(x, y, net, ctx, seed, members=1):
+    """Batches where the network takes them: an ensemble of placed members on its home device."""
+    return DevicePipeline(x, y, 128, [net.home] if isinstance(net, MemberStack) else ctx, seed, members=members)
+
+
+@pytest.mark.parametrize("layout", ["fused", "devices", "separate"])
 @pytest.mark.parametrize("fused_conv", ["off", "on"], ids=["standard", "fused"])
 @pytest.mark.parametrize("spec,optimizer,params", [
     ("cpu", "sgd", {"learning_rate": 0.1}),
@@ -31,14 +44,17 @@ def train_steps(net, ctx, pipeline, optimizer, params, steps):
     ("cpu", "adam", {"learning_rate": 0.003}),
     ("cpu*2", "sgd", {"learning_rate": 0.05, "momentum": 0.9}),
 ])
-def test_member_k_equals_lenet_trained_alone_with_seed_plus_k(train_slice, spec, optimizer, params, fused_conv):
-    """With the standard layers (grouped convolutions against single ones) and with the
-    fused operator (groups=K against one group)."""
+def test_member_k_equals_lenet_trained_alone_with_seed_plus_k(train_slice, spec, optimizer, params, fused_conv,
+                                                             layout):
+    """In every layout; with the standard layers (fused layout: grouped convolutions
+    against single ones) and with the fused operator (groups=K against one group).
+    Three members on two devices: one device holds two."""
     ctx = [mx.cpu(i) for i in range(2 if spec == "cpu*2" else 1)]
     x, y = train_slice
     seed, k_members, steps = 11, 3, 6
-    ens = init_model("lenet", seed, ctx, members=k_members, fused_conv=fused_conv)
-    train_steps(ens, ctx, DevicePipeline(x, y, 128, ctx, seed, members=k_members), optimizer, params, steps)
+    ens = init_model("lenet", seed, ctx, members=k_members, fused_conv=fused_conv, layout=layout)
+    assert isinstance(ens, EnsembleLeNet if layout == "fused" else MemberStack)
+    train_steps(ens, ctx, pipeline(x, y, ens, ctx, seed, k_members), optimizer, params, steps)
     moved = 0.0
     for k in range(k_members):
         alone = init_model("lenet", seed + k, ctx, fused_conv=fused_conv)
@@ -51,8 +67,8 @@ def test_member_k_equals_lenet_trained_alone_with_seed_plus_k(train_slice, spec,
     assert moved > 1e-3  # training really changed the parameters
 
 
-@pytest.mark.parametrize("fused_conv", ["off", "on"], ids=["standard", "fused"])
-def test_ensembles_in_numpy_mode_train_as_in_legacy_mode(train_slice, fused_conv):
+@pytest.mark.parametrize("fused_conv,layout", [("off", "fused"), ("on", "fused"), ("on", "devices")])
+def test_ensembles_in_numpy_mode_train_as_in_legacy_mode(train_slice, fused_conv, layout):
     """After npx.set_np() the ensemble is built with numpy parameters, and trains to the
     same parameters as in legacy mode; its members come out as numpy-mode LeNets."""
     ctx = [mx.cpu(0), mx.cpu(1)]
@@ -62,11 +78,12 @@ def test_ensembles_in_numpy_mode_train_as_in_legacy_mode(train_slice, fused_conv
         if api == "numpy":
             npx.set_np()
         try:
-            ens = init_model("lenet", 5, ctx, members=2, fused_conv=fused_conv)
-            train_steps(ens, ctx, DevicePipeline(x, y, 128, ctx, 5, members=2), "sgd", {"learning_rate": 0.1}, 4)
+            ens = init_model("lenet", 5, ctx, members=2, fused_conv=fused_conv, layout=layout)
+            train_steps(ens, ctx, pipeline(x, y, ens, ctx, 5, 2), "sgd", {"learning_rate": 0.1}, 4)
             member = extract_member(ens, 1)
-            assert isinstance(member(mx.np.zeros((1, 1, 28, 28)) if api == "numpy" else nd.zeros((1, 1, 28, 28))),
-                              mx.np.ndarray if api == "numpy" else nd.NDArray)
+            where = next(iter(member.collect_params().values())).list_ctx()[0]  # devices: member 1 on cpu(1)
+            zeros = mx.np.zeros((1, 1, 28, 28), ctx=where) if api == "numpy" else nd.zeros((1, 1, 28, 28), ctx=where)
+            assert isinstance(member(zeros), mx.np.ndarray if api == "numpy" else nd.NDArray)
             results.append(param_arrays(ens))
         finally:
             npx.reset_np()
@@ -74,9 +91,10 @@ def test_ensembles_in_numpy_mode_train_as_in_legacy_mode(train_slice, fused_conv
         np.testing.assert_allclose(results[1][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_members_are_initialized_as_their_seeds():
+@pytest.mark.parametrize("layout", ["fused", "separate"])
+def test_members_are_initialized_as_their_seeds(layout):
     ctx = [mx.cpu()]
-    ens = init_model("lenet", 3, ctx, members=2)
+    ens = init_model("lenet", 3, ctx, members=2, layout=layout)
     for k in range(2):
         want, got = param_arrays(init_model("lenet", 3 + k, ctx)), param_arrays(extract_member(ens, k))
         for name in want:
@@ -87,7 +105,7 @@ def test_members_are_initialized_as_their_seeds():
 
 def test_extract_combine_round_trip_preserves_predictions_exactly(train_slice):
     ctx = [mx.cpu()]
-    ens = init_model("lenet", 0, ctx, members=4)
+    ens = init_model("lenet", 0, ctx, members=4, layout="fused")
     x = nd.array((train_slice[0][:32].astype(np.float32) / 255 - 0.13) / 0.31)
     fused_input = x.broadcast_to((32, 4, 28, 28))
     out = ens(fused_input).asnumpy()
@@ -103,10 +121,10 @@ def test_extract_combine_round_trip_preserves_predictions_exactly(train_slice):
 
 def test_save_load_round_trip(tmp_path):
     ctx = [mx.cpu()]
-    ens = init_model("lenet", 0, ctx, members=3)
+    ens = init_model("lenet", 0, ctx, members=3, layout="fused")
     path = str(tmp_path / "ens.params")
     ens.save_parameters(path)
-    loaded = load_model(path, mx.cpu(1), members=3)
+    loaded = load_model(path, mx.cpu(1), members=3)  # no run beside it: an ensemble file of before 0.3, fused
     assert isinstance(loaded, EnsembleLeNet)
     x = nd.random.uniform(shape=(5, 3, 28, 28))
     np.testing.assert_array_equal(loaded(x.as_in_context(mx.cpu(1))).asnumpy(), ens(x).asnumpy())
@@ -136,7 +154,7 @@ def test_ensemble_training_learns_and_reports_every_member(ensemble_run, capsys)
 
 def test_member_extracted_from_a_run_evaluates_with_the_normal_paths(ensemble_run, tmp_path, capsys):
     ens = load_model(os.path.join(ensemble_run, "net.params"))
-    assert isinstance(ens, EnsembleLeNet) and ens.members == 4
+    assert isinstance(ens, MemberStack) and ens.members == 4  # auto on cpu*2: the devices layout
     path = str(tmp_path / "member2.params")
     extract_member(ens, 2).save_parameters(path)
     assert evaluate.main(["--params", path, "--devices", "cpu"]) == 0
@@ -175,7 +193,12 @@ def test_ensemble_run_resumes(ensemble_run, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--ensemble", "0"], "--ensemble: must be a positive integer"),
     (["--ensemble", "-3"], "--ensemble: must be a positive integer"),
-    (["--ensemble", "2", "--model", "cifar_resnet20_v1"], "supports lenet only"),
+    (["--ensemble", "2", "--model", "cifar_resnet20_v1", "--ensemble-layout", "fused"],
+     "cifar_resnet20_v1 cannot be fused: its layer features.1 (BatchNorm) has no fused form"),
+    (["--ensemble", "2", "--ensemble-layout", "fused", "--model", "mlp"], "only LeNet's sequence"),
+    (["--ensemble", "2", "--accumulate", "2"], "--accumulate with an ensemble laid out over devices"),
+    (["--ensemble", "2", "--clip-grad", "1"], "--clip-grad with an ensemble laid out over devices"),
+    (["--ensemble", "2", "--ensemble-layout", "grouped"], "invalid choice"),
     (["--ensemble", "2", "--pipeline", "loader"], "needs --pipeline device"),
     (["--ensemble", "2", "--devices", "cpu*4", "--batch-size", "3"], "smaller than the 4 devices"),
 ])
@@ -183,3 +206,66 @@ def test_bad_ensemble_flags(tmp_path, capsys, args, message):
     assert train.main(["--out", str(tmp_path / "r"), "--devices", "cpu", "--limit", "64", "--quiet"] + args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_a_zoo_ensemble_over_two_devices_trains_each_member_as_its_seed_alone(tmp_path):
+    """--ensemble 4 --model cifar_resnet20_v1 --devices cpu*2: members 0 and 2 on cpu(0),
+    1 and 3 on cpu(1); members 0 and 3 (one per device; every run also validates on the
+    10,000 test images) end where --seed 7+k alone on one device ends, BatchNorm
+    statistics included."""
+    common = ["--model", "cifar_resnet20_v1", "--limit", "192", "--batch-size", "64", "--epochs", "1", "--quiet",
+              "--momentum", "0.9", "--lr", "0.05"]
+    ens_out = str(tmp_path / "ens")
+    assert train.main(common + ["--devices", "cpu*2", "--ensemble", "4", "--seed", "7", "--out", ens_out]) == 0
+    stack = load_model(os.path.join(ens_out, "net.params"))
+    assert isinstance(stack, MemberStack) and stack.members == 4
+    epoch = read_metrics(ens_out)["epochs"][0]
+    assert len(set(epoch["member_train_loss"])) == 4
+    for k in (0, 3):
+        out = str(tmp_path / f"alone-{k}")
+        assert train.main(common + ["--devices", "cpu", "--seed", str(7 + k), "--out", out]) == 0
+        alone = {n: a.asnumpy() for n, a in mx.nd.load(os.path.join(out, "net.params")).items()}
+        member = param_arrays(stack.nets[k])
+        assert set(member) == set(alone)
+        for name, value in alone.items():
+            np.testing.assert_allclose(member[name], value, rtol=1e-4, atol=1e-5, err_msg=f"member {k} {name}")
+        assert read_metrics(out)["epochs"][0]["train_loss"] == pytest.approx(epoch["member_train_loss"][k],
+                                                                             rel=1e-4)
+
+
+def test_an_ensemble_too_large_for_memory_is_refused_before_training(tmp_path, capsys):
+    out = str(tmp_path / "r")
+    assert train.main(["--devices", "cpu", "--ensemble", "200000", "--limit", "64", "--quiet", "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "GiB free" in err and "--ensemble 200000" in err, err
+    assert not os.path.exists(os.path.join(out, "checkpoints"))
+
+
+def test_member_bytes_grow_with_the_batch_and_the_network():
+    from gluon_gpu.models.member_stack import member_bytes
+    from gluon_gpu.models import get_model
+    lenet = lambda: get_model("lenet")  # noqa: E731
+    small, large = member_bytes(lenet, (1, 28, 28), 64), member_bytes(lenet, (1, 28, 28), 256)
+    params = 61706  # the tutorial LeNet's parameters
+    assert small > 16 * params and large > small
+    assert member_bytes(lambda: get_model("cifar_resnet20_v1"), (1, 28, 28), 64) > small
+
+
+def test_the_heat_equation_example_trains_independent_seeds(tmp_path):
+    """examples/seed_parallel_heat.py on a slice: the members learn, end at different losses
+    (independent seeds), and each equals its seed trained alone."""
+    out = tmp_path / "heat"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "seed_parallel_heat.py"), "--seeds", "4",
+                           "--epochs", "8", "--samples", "400", "--out", str(out)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr
+    assert "one after another" in proc.stdout
+    with open(out / "heat.json") as f:
+        report = json.load(f)
+    curves = np.array(report["member_loss"])
+    assert curves.shape == (8, 4) and (curves[-1] < 0.5 * curves[0]).all()
+    assert len(set(np.round(curves[-1], 7))) == 4  # really independent seeds
+    np.testing.assert_allclose(curves, np.array(report["alone_loss"]), rtol=1e-5)
+    assert report["seconds_together"] > 0 and report["seconds_one_after_another"] > 0
+    with open(out / "heat.png", "rb") as f:
+        assert f.read(4) == b"\x89PNG"

@@ -168,8 +168,9 @@ def test_modes(monkeypatch):
         fused_conv.use_fused("on", [mx.gpu(0)])
     with pytest.raises(UserError, match="unknown --fused-conv"):
         fused_conv.use_fused("fast", cpu)
-    assert fused_conv.is_fused(init_model("lenet", 0, cpu[:1], members=2))  # ensembles: groups=K
-    assert not fused_conv.is_fused(init_model("lenet", 0, cpu[:1], members=2, fused_conv="off"))
+    assert fused_conv.is_fused(init_model("lenet", 0, cpu[:1], members=2, layout="fused"))  # groups=K
+    assert not fused_conv.is_fused(init_model("lenet", 0, cpu[:1], members=2, fused_conv="off", layout="fused"))
+    assert fused_conv.is_fused(init_model("lenet", 0, cpu[:1], members=2))  # members of their own
     with pytest.raises(UserError, match="CPU kernels only"):  # a fused net moved to GPUs by hand
         DataParallel(init_model("lenet", 0, cpu[:1], fused_conv="on"), [mx.gpu(0)])
 

@@ -68,7 +68,10 @@ class DataParallel:
                  transform=None, hybridize=True, dtype="float32", initializer=None, batch_size=None,
                  bucket_bytes=DEFAULT_BUCKET_BYTES, exchange=True, accumulate=1, clip_grad=None, amp=False,
                  loss_scaling=None):
-        self.ctx = list(ctx)
+        # A network that places itself (an ensemble of members on their own devices,
+        # models/member_stack.py) takes whole batches on its home device.
+        self.places_itself = getattr(net, "places_itself", False)
+        self.ctx = [net.home] if self.places_itself else list(ctx)
         self.batch_size = batch_size
         self.accumulate, self.clip_grad = accumulate, clip_grad
         self.pending_batches, self._pending_samples = 0, 0
@@ -84,7 +87,8 @@ class DataParallel:
         self.is_np = model_is_np(net)
         enable_amp(self.precision, self.is_np)  # before any graph is built
         with semantics(self.is_np):
-            _place(net, self.ctx, initializer or mx.init.Xavier())
+            if not self.places_itself:
+                _place(net, self.ctx, initializer or mx.init.Xavier())
             if self.precision.param_dtype != "float32":
                 net.cast(self.precision.param_dtype)
         if transform is not None:  # its constants (per-channel normalization) on the devices
@@ -97,6 +101,8 @@ class DataParallel:
                 if p.grad_req != "null":
                     p.grad_req = "add"
         self.distributed = kvstore.startswith("dist")
+        if self.places_itself:
+            _check_members(self.distributed, accumulate, clip_grad)
         if clip_grad and kvstore == "dist_async":
             raise UserError("--clip-grad needs the update on the workers; dist_async updates on the servers")
         if self.distributed and not exchange:
@@ -116,9 +122,11 @@ class DataParallel:
         # Every device updates its own replica from the summed gradients (dist_async can
         # only update on the servers): the same kernels with buckets or without, so the two
         # give the same numbers, and a checkpoint may resume under either.
-        self.trainer = gluon.Trainer(net.collect_params(), optimizer, params,
-                                     kvstore=self.kvstore if exchange and not self.bucketing else None,
-                                     update_on_kvstore=None if kvstore == "dist_async" else False)
+        trainer = MemberTrainer if self.places_itself else gluon.Trainer
+        self.trainer = trainer(net.collect_params(), optimizer, params,
+                               kvstore=self.kvstore if exchange and not self.bucketing and not self.places_itself
+                               else None,
+                               update_on_kvstore=None if kvstore == "dist_async" else False)
         init_loss_scaling(self.precision, self.trainer)  # AMP needs update_on_kvstore=False, as here
         self.names = self.head.names
         self.sums = DeviceSums(self.ctx, (1 + len(self.names)) * self.members, self.members)
@@ -345,6 +353,30 @@ class DataParallel:
         for param in self._trained():
             for c in ctx:
                 param.grad(c)[:] = 0
+
+
+class MemberTrainer(gluon.Trainer):
+    """The Trainer of an ensemble whose members live on different devices, each member's
+    parameters on one. ``gluon.Trainer`` asserts that all parameters share one device
+    list, which only its kvstore needs; with none, its one updater updates every
+    parameter where it lives, which is what independent members want."""
+
+    def _check_contexts(self):
+        return self._params[0].list_ctx()[:1] if self._params else []
+
+    def _init_kvstore(self):
+        self._kvstore, self._update_on_kvstore, self._distributed = None, False, False
+        self._kv_initialized = True
+
+
+def _check_members(distributed, accumulate, clip_grad):
+    """What an ensemble of placed members cannot do yet, one line each."""
+    if distributed:
+        raise UserError("an ensemble laid out over devices trains in one process: use --ensemble-layout fused "
+                        "with a distributed kvstore, or no launcher")
+    if accumulate > 1 or clip_grad:
+        raise UserError(f"--{'accumulate' if accumulate > 1 else 'clip-grad'} with an ensemble laid out over "
+                        "devices is not supported yet: use --ensemble-layout fused (LeNet)")
 
 
 def _check_devices(net, ctx):

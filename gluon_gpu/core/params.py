@@ -64,7 +64,8 @@ def _load(path, is_np):
 
 def assign_parameters(net, arrays, ctx, source="the file"):
     """Load ``arrays`` (structural name -> NDArray) into ``net`` on ``ctx``, in the net's
-    own API; every parameter must be there with its shape, and nothing else (ParamsError)."""
+    own API; every parameter must be there with its shape, and nothing else (ParamsError).
+    Initialized parameters keep their devices (an ensemble's members live on several)."""
     params = net._collect_params_with_prefix()  # pylint: disable=protected-access
     missing = sorted(set(params) - set(arrays))
     extra = sorted(set(arrays) - set(params))
@@ -80,7 +81,8 @@ def assign_parameters(net, arrays, ctx, source="the file"):
                 raise ParamsError(f"{source} does not fit this network: {name} has shape {value.shape}, "
                                   f"the network's is {tuple(param.shape)}")
             try:
-                param._load_init(value.as_np_ndarray() if is_np else value, ctx)  # pylint: disable=protected-access
+                where = None if param._data is not None else ctx  # pylint: disable=protected-access
+                param._load_init(value.as_np_ndarray() if is_np else value, where)  # pylint: disable=protected-access
             except AssertionError as e:
                 raise ParamsError(f"{source} does not fit this network: {last_line(e)}") from None
 

@@ -83,14 +83,14 @@ class Standardize(gluon.HybridBlock):
         add = [-m / s for m, s in zip(mean, std)]
         self._scalar = (mul[0], add[0]) if len(set(mul)) == 1 and len(set(add)) == 1 else None
         if self._scalar is None:
-            shape = (1, len(mul)) + (1,) * (sample_ndim - 1)
+            shape = (1,) * (1 + (members > 1)) + (len(mul),) + (1,) * (sample_ndim - 1)  # members: (n, K, C, ...)
             self.mul = self.params.get_constant("mul", np.array(mul, dtype=np.float32).reshape(shape))
             self.add = self.params.get_constant("add", np.array(add, dtype=np.float32).reshape(shape))
 
     def hybrid_forward(self, F, x, **constants):  # pylint: disable=arguments-differ
-        if self._members > 1:
-            x = F.reshape(x, shape=(0, -3, -2))
         x = x.astype("float32")
         if self._scalar is not None:
-            return x * self._scalar[0] + self._scalar[1]
-        return F.broadcast_add(F.broadcast_mul(x, constants["mul"]), constants["add"])
+            x = x * self._scalar[0] + self._scalar[1]
+        else:
+            x = F.broadcast_add(F.broadcast_mul(x, constants["mul"]), constants["add"])
+        return F.reshape(x, shape=(0, -3, -2)) if self._members > 1 else x

@@ -207,5 +207,8 @@ class PooledAbove(nn.HybridBlock):
 
 
 def is_fused(net):
-    """Whether ``net`` runs the fused operator (a LeNet built with ``fused=True``)."""
+    """Whether ``net`` runs the fused operator (a LeNet built with ``fused=True``, or an
+    ensemble of such members)."""
+    if getattr(net, "places_itself", False):
+        return any(is_fused(member) for member in net.nets)
     return any(isinstance(b, ConvReluPool) for b in net._children.values())  # pylint: disable=protected-access

@@ -5,6 +5,7 @@ import mxnet as mx
 
 from ..core.errors import UserError
 from ..core.modes import forward_zeros, model_is_np, semantics
+from .member_stack import LAYOUTS, MemberStack, check_memory, member_devices
 from .zoo import get_model
 
 
@@ -42,10 +43,13 @@ def fused_for(name, ctx, fused_conv="auto"):
     return use_fused(fused_conv, ctx)
 
 
-def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1, fused_conv="auto"):
+def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1, fused_conv="auto",
+               layout="auto", hybridize=True, batch_size=None):
     """A network initialized on ``ctx`` with seeded Xavier: ``model`` is a zoo name (see
     get_model) or a user's Block (initialized here unless it already is). An ensemble's
-    member k is initialized exactly as a single network with seed ``seed + k``."""
+    member k is initialized exactly as a single network with seed ``seed + k``; ``layout``
+    (ensemble_layout) lays the members out over ``ctx``, once ``batch_size`` (if given)
+    shows they fit in memory."""
     if not isinstance(model, str):
         params = model.collect_params().values()
         if not all(p._data or p._deferred_init for p in params):  # pylint: disable=protected-access
@@ -53,15 +57,59 @@ def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1,
                 model.initialize(SeededXavier(seed), ctx=ctx)
         forward_zeros(model, input_shape, ctx[0])
         return model
-    fused = fused_for(model, ctx, fused_conv)
     if members > 1:
-        from .ensemble import combine_members
-        get_model(model, outputs, input_shape[0], members)  # validates the name
-        nets = [init_model(model, seed + k, ctx, input_shape, outputs, fused_conv="off") for k in range(members)]
-        return combine_members(nets, ctx, fused, input_shape)
+        return ensemble(model, members, ctx, seed, input_shape, outputs, layout, fused_conv, hybridize, batch_size)
+    fused = fused_for(model, ctx, fused_conv)
     mx.random.seed(seed)
     np.random.seed(seed)
     net = get_model(model, outputs, input_shape[0], fused=fused)
     net.initialize(SeededXavier(seed), ctx=ctx)
     forward_zeros(net, input_shape, ctx[0])
     return net
+
+
+def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, layout="auto",
+             fused_conv="auto", hybridize=True, batch_size=None):
+    """``members`` independently seeded copies of a network, trained at once: ``model`` is
+    a zoo name or a function that returns a fresh (uninitialized) network. Member k is
+    initialized exactly as ``init_model(model, seed + k, ...)`` alone; ``layout``
+    (ensemble_layout) places the members on ``ctx``. Input ``(B, K*C, ...)``, output
+    ``(B, K, outputs)``: train it with DataParallel and a pipeline of ``members=K``.
+    ``batch_size``: first check that the members fit in memory at that batch size."""
+    layout = ensemble_layout(layout, model, ctx)
+    if batch_size:
+        check_memory(member_factory(model, input_shape, outputs), members, ctx, layout, input_shape, batch_size)
+    if layout == "fused":
+        from .ensemble import combine_members
+        nets = [init_model(model, seed + k, ctx, input_shape, outputs, fused_conv="off") for k in range(members)]
+        return combine_members(nets, ctx, fused_for(model, ctx, fused_conv), input_shape)
+    devices = member_devices(members, ctx, layout)
+    nets = [init_model(model, seed + k, [devices[k]], input_shape, outputs, fused_conv=fused_conv)
+            if isinstance(model, str) else init_model(model(), seed + k, [devices[k]], input_shape)
+            for k in range(members)]
+    return MemberStack(nets, devices, input_shape[0], hybridize)
+
+
+def member_factory(model, input_shape, outputs):
+    """A function that builds a fresh, uninitialized member: ``model`` itself when it is one."""
+    return model if not isinstance(model, str) else lambda: get_model(model, outputs, input_shape[0])
+
+
+def ensemble_layout(layout, model, ctx):
+    """The members' layout for ``--ensemble-layout``: ``auto`` gives each device its own
+    members (``devices``) on several devices, and on one device the members side by side
+    (``separate``): the layouts the benchmark found fastest (README "Seed-parallel
+    ensembles"). ``fused`` is LeNet's grouped network (ensemble.py); other models are
+    refused naming the first layer it has no fused form of."""
+    if layout not in LAYOUTS:
+        raise UserError(f"unknown --ensemble-layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    if layout == "auto":
+        return "devices" if len(ctx) > 1 else "separate"
+    if layout == "fused" and model != "lenet":
+        from .ensemble import unfusable_layer
+        why = (f"{model} cannot be fused: {unfusable_layer(model)}" if isinstance(model, str)
+               else "a network of your own cannot be fused")
+        raise UserError(f"--ensemble-layout fused: {why}; fused "
+                        "ensembles exist for lenet (grouped Conv2D, max-pool, batched Dense): use "
+                        "--ensemble-layout devices or separate")
+    return layout

@@ -10,6 +10,7 @@ from ..core.modes import forward_zeros
 from ..core.params import assign_parameters, last_line, read_parameter_file
 from .init import fused_for
 from .lenet import upgrade_keys
+from .member_stack import MemberStack
 from .zoo import get_model
 
 DEFAULT_INPUT, DEFAULT_OUTPUTS = (1, 28, 28), 10  # FashionMNIST, where no run was recorded
@@ -17,16 +18,17 @@ DEFAULT_INPUT, DEFAULT_OUTPUTS = (1, 28, 28), 10  # FashionMNIST, where no run w
 
 def recorded_run(params_path):
     """What the run beside a params file recorded in its metrics.json: ``{'model',
-    'members', 'input_shape', 'outputs', 'data'}``; defaults (LeNet on FashionMNIST's
-    shape) where there is no such file."""
+    'members', 'layout', 'input_shape', 'outputs', 'data'}``; defaults (LeNet on
+    FashionMNIST's shape) where there is no such file. Ensembles before 0.3 were fused."""
     meta = os.path.join(os.path.dirname(os.path.abspath(params_path)), "metrics.json")
-    found = {"model": "lenet", "members": 1, "input_shape": DEFAULT_INPUT, "outputs": DEFAULT_OUTPUTS,
-             "data": None}
+    found = {"model": "lenet", "members": 1, "layout": "fused", "input_shape": DEFAULT_INPUT,
+             "outputs": DEFAULT_OUTPUTS, "data": None}
     try:
         with open(meta) as f:
             record = json.load(f)
         config = record["config"]
-        found.update(model=config["model"], members=int(config.get("ensemble", 1)))
+        found.update(model=config["model"], members=int(config.get("ensemble", 1)),
+                     layout=config.get("ensemble_layout", "fused"))
         if record.get("data"):  # runs before 0.2 trained on FashionMNIST only
             found.update(input_shape=tuple(record["data"]["input_shape"]), outputs=record["data"]["outputs"],
                          data=record["data"])
@@ -58,7 +60,13 @@ def load_model(path, ctx=None, model=None, members=None, input_shape=None, outpu
     outputs = outputs or run["outputs"]
     if not os.path.isfile(path):
         raise ParamsError(f"parameter file {path} does not exist")
-    net = get_model(model, outputs, input_shape[0], members, fused_for(model, ctx, fused_conv))
+    fused = fused_for(model, ctx, fused_conv)
+    if members > 1 and (run["layout"] if same else "auto") != "fused":  # a MemberStack, on the first device
+        ctx = ctx[:1]
+        net = MemberStack([get_model(model, outputs, input_shape[0], fused=fused) for _ in range(members)],
+                          ctx * members, input_shape[0])
+    else:
+        net = get_model(model, outputs, input_shape[0], members, fused)
     what = f"an ensemble of {members} {model}" if members > 1 else model
     arrays = read_parameter_file(path)
     adapt = adapt_keys(model, members)

@@ -13,8 +13,6 @@ or ``--omp-threads`` values: each combination in a process of its own
 (bench_variants.py), in one table and ``OUT/variants.png`` with the learning curves.
 """
 import os
-import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -25,36 +23,33 @@ import mxnet as mx
 from mxnet import nd
 from tqdm import tqdm
 
-from .. import __version__
 from ..core.callbacks import save_figure, subplots
 from ..core.devices import cpu_contexts, gpu_count, parse_devices, require_thread_settings, thread_settings
 from ..core.errors import UserError
 from ..core.files import write_json
 from ..core.precision import check_precision, precision_for
-from ..core.loop import train_epoch
 from ..data import load_dataset
 from ..models import get_model
 from ..models.zoo import model_for
-from ..models.fused_conv import is_fused
-from . import tutorial_loop
-from . import bench_variants
+from . import bench_ensembles, bench_variants
+from .bench_timing import machine_info, peak_rss_mib, summarize, time_ours, time_tutorial
 from .cli import Parser, main_guard, positive_int, progress_enabled
-from .config import COMMON_FLAGS, RunConfig, add_flags
-from .run import build_run
+from .config import COMMON_FLAGS, add_flags
 from .train import check_writable
 
 
 def build_parser():
     p = Parser(prog="gluon_gpu.bench", description=__doc__)
-    add_flags(p, COMMON_FLAGS + ("model", "bucket_mb", "pipeline", "num_workers", "limit", "dtype", "amp"),
-              many=("devices", "fused_conv") + bench_variants.PROCESS_WIDE, defaults={"devices": None})
+    add_flags(p, COMMON_FLAGS + ("model", "bucket_mb", "pipeline", "num_workers", "limit", "dtype", "amp",
+                                 "ensemble_layout"),
+              many=("devices", "fused_conv", "ensemble_layout") + bench_variants.PROCESS_WIDE, defaults={"devices": None})
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs per run (the first is reported apart)")
     p.add_argument("--repeats", type=positive_int, default=1, help="runs per spec; medians pool them")
     p.add_argument("--baseline", choices=("tutorial", "none"), default="tutorial",
                    help="time MXNet's tutorial loop (LeNet; other models: GluonCV's loop) beside ours")
     p.add_argument("--ensemble", type=positive_int, nargs="+", default=None, metavar="K",
-                   help="ensemble mode: time K fused LeNets per K (on the first --devices spec) "
-                        "against K x the K=1 epoch")
+                   help="ensemble mode: time ensembles of K members per --devices spec and "
+                        "--ensemble-layout against K x the K=1 epoch on the first spec")
     p.add_argument("--workers", type=positive_int, nargs="+", default=None, metavar="W",
                    help="distributed mode: time a dist_sync job of W local workers (same global "
                         "batch, the first --devices spec each) against one plain process")
@@ -73,67 +68,6 @@ def _powers_of_two(n):
         out.append(k)
         k *= 2
     return out + ([n] if out[-1] != n else [])
-
-
-def time_ours(args, spec, bar, data, members=1, fused_conv=None):
-    """Epoch seconds of gluon_gpu on ``spec`` and the validation accuracy after training."""
-    ctx = parse_devices(spec)
-    config = RunConfig(devices=spec, batch_size=args.batch_size, model=args.model, pipeline=args.pipeline,
-                       num_workers=args.num_workers, quiet=True, ensemble=members,
-                       fused_conv=fused_conv or args.fused_conv[0], bucket_mb=args.bucket_mb,
-                       limit=args.limit, data_dir=args.data_dir, dtype=args.dtype[0], amp=args.amp)
-    runs = []
-    for _ in range(args.repeats):
-        run = build_run(config, ctx, data=data)
-        dp, train_pipe = run.dp, run.train
-        # Several devices: each epoch is followed by one of the same steps without the
-        # gradient exchange, so what the exchange costs is measured epoch by epoch.
-        alone = build_run(config, ctx, exchange=False, data=data).dp if len(ctx) > 1 and members == 1 else None
-        seconds, cpu_seconds, alone_seconds, losses = [], [], [], []
-        for epoch in range(args.epochs):
-            cpu_start = time.process_time()
-            record = train_epoch(dp, train_pipe, epoch)
-            seconds.append(record["seconds"])
-            losses.append(record["loss"])
-            cpu_seconds.append(time.process_time() - cpu_start)
-            if alone is not None:
-                alone_seconds.append(train_epoch(alone, train_pipe, epoch)["seconds"])
-            bar.update(1)
-        runs.append({"seconds": seconds, "cpu_seconds": cpu_seconds, "no_exchange_seconds": alone_seconds,
-                     "loss": losses, "val_acc": dp.evaluate(run.val.epoch(0))["acc"]})
-    return runs, {"devices": len(ctx), "samples": train_pipe.n, "fused_conv": is_fused(dp.net)}
-
-
-def time_tutorial(args, data, bar):
-    ctx = parse_devices(args.devices[0])
-    model = model_for(args.model, data.spec.input_shape)
-    runs = []
-    for _ in range(args.repeats):
-        mx.random.seed(0)
-        seconds, acc = tutorial_loop.run(data.train_x, data.train_y, data.val_x, data.val_y, ctx, args.epochs,
-                                         args.batch_size, args.num_workers, on_epoch=lambda *_: bar.update(1),
-                                         model=model, classes=data.spec.outputs)
-        runs.append({"seconds": seconds, "val_acc": acc})
-    return runs
-
-
-def summarize(name, runs, samples, devices):
-    first = [r["seconds"][0] for r in runs]
-    rest = [s for r in runs for s in r["seconds"][1:]] or first
-    median = statistics.median(rest)
-    row = {"name": name, "devices": devices, "first_epoch_s": statistics.median(first),
-           "median_epoch_s": median, "epochs_timed": len(rest), "samples_per_s": samples / median,
-           "val_acc": statistics.median(r["val_acc"] for r in runs), "runs": runs}
-    if all("cpu_seconds" in r for r in runs):  # this process's CPU time / wall time: cores kept busy
-        timed = [(c, s) for r in runs for c, s in zip(r["cpu_seconds"][1:] or r["cpu_seconds"],
-                                                       r["seconds"][1:] or r["seconds"])]
-        row["cores_busy"] = statistics.median(c / s for c, s in timed)
-    if all(r.get("no_exchange_seconds") for r in runs):
-        pairs = [(s, a) for r in runs for s, a in zip(r["seconds"][1:] or r["seconds"],
-                                                      r["no_exchange_seconds"][1:] or r["no_exchange_seconds"])]
-        row["no_exchange_epoch_s"] = statistics.median(a for _, a in pairs)
-        row["exchange_share"] = statistics.median(1 - a / s for s, a in pairs)
-    return row
 
 
 def training_flops(model, samples, input_shape, outputs):
@@ -182,32 +116,6 @@ def concurrent_contexts(ctx):
     return len(ctx) if ctx[0].device_type == "gpu" else min(len(ctx), cpu_contexts())
 
 
-def machine_info():
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    gpus = []
-    if gpu_count():
-        try:
-            gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                                  capture_output=True, text=True, timeout=20).stdout.split("\n")
-        except (OSError, subprocess.SubprocessError):
-            gpus = ["unknown"] * gpu_count()
-    features = [f.name for f in mx.runtime.Features().values() if f.enabled]
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpus": [g for g in gpus if g],
-            "mxnet": mx.__version__, "mxnet_features": features, "python": platform.python_version(),
-            "gluon_gpu": __version__, "threads": thread_settings()}
-
-
-def peak_rss_mib():
-    self_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    child_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return self_kib / 1024, child_kib / 1024
-
-
 def format_table(rows, tutorial):
     head = (f"{'devices':<16}{'first s':>9}{'median s':>10}{'samples/s':>11}{'speedup':>9}"
             f"{'eff.':>7}{'exchange':>10}{'cores busy':>12}{'vs tutorial':>13}{'val-acc':>9}")
@@ -253,61 +161,6 @@ def plot(rows, tutorial, path):
     ax_eff.set_ylim(0, 1.2)
     ax_eff.set_title("scaling")
     save_figure(fig, path)
-
-
-def bench_ensembles(args, bar, data):
-    """Rows per ensemble size K: epoch time, member-samples/s, and the speedup over
-    training the K members one after another (K x the K=1 epoch, same invocation)."""
-    spec = args.devices[0]
-    sizes = sorted(set([1] + args.ensemble))
-    rows = []
-    for k in sizes:
-        runs, info = time_ours(args, spec, bar, data, members=k)
-        row = summarize(f"K={k}", runs, info["samples"], info["devices"])
-        row.update(members=k, member_samples_per_s=row["samples_per_s"] * k)
-        rows.append(row)
-    single = rows[0]["median_epoch_s"]
-    for row in rows:
-        row["speedup_vs_sequential"] = row["members"] * single / row["median_epoch_s"]
-    return rows
-
-
-def format_ensemble_table(rows, spec):
-    head = f"{'ensemble':<10}{'first s':>9}{'median s':>10}{'member-samples/s':>18}{'vs sequential':>15}"
-    lines = [f"ensembles on {spec}", head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['name']:<10}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
-                     f"{r['member_samples_per_s']:>18.0f}{r['speedup_vs_sequential']:>14.2f}x")
-    return "\n".join(lines)
-
-
-def plot_ensembles(rows, path):
-    fig, ax = subplots(figsize=(6, 4))
-    ks = [r["members"] for r in rows]
-    ax.plot(ks, [r["speedup_vs_sequential"] for r in rows], marker="o", label="fused ensemble")
-    ax.axhline(1.0, color="grey", linestyle=":", label="K members one after another")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ks)
-    ax.set_xticklabels([str(k) for k in ks])
-    ax.set_xlabel("ensemble size K")
-    ax.set_ylabel("speedup (member-samples/s vs K=1)")
-    ax.legend()
-    save_figure(fig, path)
-
-
-def run_ensembles(args):
-    sizes = sorted(set([1] + args.ensemble))
-    with tqdm(total=args.epochs * args.repeats * len(sizes), desc="bench", unit="epoch",
-              disable=not progress_enabled(args)) as bar:
-        rows = bench_ensembles(args, bar, load_dataset(data_dir=args.data_dir, limit=args.limit))
-    rss = peak_rss_mib()[0]
-    print(format_ensemble_table(rows, args.devices[0]))
-    print(f"peak RSS: {rss:.0f} MiB")
-    write_json(os.path.join(args.out, "bench.json"),
-               {"config": vars(args), "machine": machine_info(), "ensembles": rows, "peak_rss_mib": rss})
-    plot_ensembles(rows, os.path.join(args.out, "ensemble.png"))
-    print(f"wrote {args.out}/bench.json and {args.out}/ensemble.png")
-    return 0
 
 
 def time_job(args, workers, out):
@@ -372,7 +225,7 @@ def main(argv=None):
             return bench_variants.report_variants(parser, args, bar, machine_info())
     require_thread_settings(args.omp_threads[0], args.engine_threads, restart=argv is None)
     if args.ensemble:
-        return run_ensembles(args)
+        return bench_ensembles.run_ensembles(args)
     if args.workers:
         return run_workers(args)
     data = load_dataset(data_dir=args.data_dir, limit=args.limit)

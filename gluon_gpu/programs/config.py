@@ -10,6 +10,7 @@ from ..core.kvstores import KVSTORES
 from ..core.precision import DTYPES
 from ..data import DATASETS, PIPELINES
 from ..models.fused_conv import MODES
+from ..models.member_stack import LAYOUTS
 from .cli import non_negative_float, non_negative_int, positive_float, positive_int, seed
 
 OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
@@ -54,8 +55,12 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     # the model and its training
     model: str = _flag("auto", "auto (lenet for images, mlp for feature vectors), lenet, mlp, or a gluoncv "
                        "zoo classifier (cifar_resnet20_v1, resnet18_v1, mobilenet_v2_1.0, ...)")
-    ensemble: int = _flag(1, "train K LeNets fused in one network; member k uses seed + k",
-                          type=positive_int, metavar="K")
+    ensemble: int = _flag(1, "train K independent copies of the model at once (seed-parallel); member k "
+                          "is the model --seed seed+k trains alone", type=positive_int, metavar="K")
+    ensemble_layout: str = _flag("auto", "how the members share the devices: devices (each device trains "
+                                 "its own members), separate (side by side on the first device), fused "
+                                 "(LeNet as one grouped network); auto: devices on several devices, else "
+                                 "separate", choices=LAYOUTS)
     epochs: int = _flag(10, "epochs to train to", True, type=positive_int)
     batch_size: int = _flag(256, "global batch size, split over the devices", type=positive_int)
     lr: float = _flag(0.1, "base learning rate", type=positive_float)
@@ -107,8 +112,10 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
 
     @classmethod
     def from_dict(cls, values):
-        """A config from a saved one; fields it predates take their defaults."""
+        """A config from a saved one; fields it predates take their defaults, except the
+        ensemble layout: every ensemble before 0.3 was fused."""
         known = {f.name for f in fields(cls)}
+        values = {"ensemble_layout": "fused", **values}
         return cls(**{k: v for k, v in values.items() if k in known})
 
 

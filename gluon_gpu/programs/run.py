@@ -52,11 +52,16 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     store = mx.kv.create(config.kvstore) if config.kvstore and config.kvstore.startswith("dist") else None
     shard = (store.rank, store.num_workers) if store else (0, 1)
     net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, config.ensemble,
-                     config.fused_conv)
+                     config.fused_conv, config.ensemble_layout, config.hybridize, config.batch_size)
+    placed = getattr(net, "places_itself", False)
+    if placed and config.sync_bn:
+        raise UserError(f"--sync-bn: with --ensemble-layout {config.ensemble_layout} every member trains on whole "
+                        "batches on one device, so its BatchNorm has nothing to synchronize; leave --sync-bn out")
+    data_ctx = [net.home] if placed else ctx  # members take whole batches
     synced = use_sync_batchnorm(net, len(ctx)) if config.sync_bn else 0
     if config.sync_bn:
         _check_sync_bn_batches(len(data.train_y), config.batch_size * shard[1], len(ctx))
-    pipes = [make_pipeline(config.pipeline, x, y, config.batch_size, ctx, config.seed, shuffle=train,
+    pipes = [make_pipeline(config.pipeline, x, y, config.batch_size, data_ctx, config.seed, shuffle=train,
                            num_workers=config.num_workers, members=config.ensemble, shard=shard if train else (0, 1))
              for x, y, train in ((data.train_x, data.train_y, True), (data.val_x, data.val_y, False))]
     updates_per_epoch = -(-len(pipes[0]) // config.accumulate)

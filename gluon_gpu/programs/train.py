@@ -23,6 +23,7 @@ from ..core.loop import Interrupted, StopFlag, fit
 from ..core.files import RunLock, remove_temporaries
 from ..core.params import ParamSnapshot, last_line, save_parameters
 from ..models.fused_conv import is_fused
+from ..models.init import ensemble_layout
 from ..models.loading import adapt_keys
 from ..models.sync_bn import cpu_settings as sync_bn_settings
 from .cli import Parser, main_guard, parse_args, progress_enabled
@@ -161,7 +162,9 @@ class _KeepLastGood:
 
 def plan_line(config, run, ctx, out):
     dp = run.dp
-    what = f"{config.ensemble} x {config.model}" if config.ensemble > 1 else config.model
+    what = config.model
+    if config.ensemble > 1:
+        what = f"{config.ensemble} x {what} ({ensemble_layout(config.ensemble_layout, config.model, ctx)} layout)"
     what += " (fused conv+relu+pool)" if is_fused(dp.net) else ""
     what += f" in {dp.precision.describe()}" if dp.precision.dtype != "float32" else ""
     workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""

@@ -1,0 +1,97 @@
+"""bench --ensemble K...: seed-parallel ensembles timed against training their members one
+after another.
+
+For every ``--devices`` spec and ``--ensemble-layout``, each ensemble size K trains
+``--epochs`` epochs; its member-samples/s (K x samples per second) is compared with K
+members trained one after another, that is K x the K=1 epoch on the first spec (one
+device), measured in the same invocation. Writes a table, ``OUT/bench.json`` and
+``OUT/ensemble.png`` (speedup against K, a line per spec and layout).
+"""
+import os
+
+from tqdm import tqdm
+
+from ..core.callbacks import save_figure, subplots
+from ..core.devices import parse_devices
+from ..core.files import write_json
+from ..data import load_dataset
+from ..models.init import ensemble_layout
+from ..models.zoo import model_for
+from .bench_timing import machine_info, peak_rss_mib, summarize, time_ours
+from .cli import progress_enabled
+
+
+def plan(args, model):
+    """``[(spec, layout asked, layout resolved, K)]``: K=1 once, on the first spec, then
+    every K > 1 for each spec and each distinct resolved layout."""
+    sizes = sorted(set(args.ensemble) - {1})
+    rows, seen = [(args.devices[0], "-", "-", 1)], set()
+    for spec in args.devices:
+        for asked in args.ensemble_layout:
+            resolved = ensemble_layout(asked, model, parse_devices(spec))
+            if (spec, resolved) not in seen:
+                seen.add((spec, resolved))
+                rows += [(spec, asked, resolved, k) for k in sizes]
+    return rows
+
+
+def bench_ensembles(args, bar, data, runs):
+    model = model_for(args.model, data.spec.input_shape)
+    rows = []
+    for spec, asked, resolved, k in runs:
+        timed, info = time_ours(args, spec, bar, data, members=k, layout=resolved)
+        name = f"{spec} K={k}" + (f" {resolved}" + (" (auto)" if asked == "auto" else "") if k > 1 else "")
+        row = summarize(name, timed, info["samples"], info["devices"])
+        row.update(spec=spec, layout=resolved, auto=asked == "auto", members=k, model=model,
+                   member_samples_per_s=row["samples_per_s"] * k)
+        rows.append(row)
+    single = rows[0]["median_epoch_s"]
+    for row in rows:
+        row["speedup_vs_sequential"] = row["members"] * single / row["median_epoch_s"]
+    return rows
+
+
+def format_ensemble_table(rows):
+    head = f"{'ensemble':<30}{'first s':>9}{'median s':>10}{'member-samples/s':>18}{'vs sequential':>15}"
+    lines = [f"{rows[0]['model']}: K members against K x the K=1 epoch on {rows[0]['spec']}", head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['name']:<30}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
+                     f"{r['member_samples_per_s']:>18.0f}{r['speedup_vs_sequential']:>14.2f}x")
+    return "\n".join(lines)
+
+
+def plot_ensembles(rows, path):
+    fig, ax = subplots(figsize=(7, 4.5))
+    lines = {}
+    for r in rows[1:]:
+        lines.setdefault(f"{r['spec']} {r['layout']}", []).append(r)
+    for label, same in lines.items():
+        ks = [1] + [r["members"] for r in same]
+        ax.plot(ks, [rows[0]["speedup_vs_sequential"]] + [r["speedup_vs_sequential"] for r in same],
+                marker="o", label=label)
+    ks = sorted({r["members"] for r in rows})
+    ax.axhline(1.0, color="grey", linestyle=":", label="K members one after another")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks)
+    ax.set_xticklabels([str(k) for k in ks])
+    ax.set_xlabel("ensemble size K")
+    ax.set_ylabel(f"speedup (member-samples/s vs K=1 on {rows[0]['spec']})")
+    ax.set_title(rows[0]["model"])
+    ax.legend()
+    save_figure(fig, path)
+
+
+def run_ensembles(args):
+    data = load_dataset(data_dir=args.data_dir, limit=args.limit)
+    runs = plan(args, model_for(args.model, data.spec.input_shape))
+    with tqdm(total=args.epochs * args.repeats * len(runs), desc="bench", unit="epoch",
+              disable=not progress_enabled(args)) as bar:
+        rows = bench_ensembles(args, bar, data, runs)
+    rss = peak_rss_mib()[0]
+    print(format_ensemble_table(rows))
+    print(f"peak RSS: {rss:.0f} MiB")
+    write_json(os.path.join(args.out, "bench.json"),
+               {"config": vars(args), "machine": machine_info(), "ensembles": rows, "peak_rss_mib": rss})
+    plot_ensembles(rows, os.path.join(args.out, "ensemble.png"))
+    print(f"wrote {args.out}/bench.json and {args.out}/ensemble.png")
+    return 0
