@@ -24,7 +24,7 @@ from gluon_gpu.core.callbacks import save_figure, subplots
 from gluon_gpu.core.devices import describe
 from gluon_gpu.core.files import write_json
 from gluon_gpu.data import DevicePipeline, from_arrays
-from gluon_gpu.models.init import init_model
+from gluon_gpu.models import init_model, pipeline_layout
 
 POINTS, LENGTH, DT, DIFFUSIVITY = 48, 3.0, 0.1, 0.1
 
@@ -57,7 +57,9 @@ def train(net, ctx, data, members, seed, epochs, batch_size):
     """Train; per epoch, each member's mean training loss. Returns (curves, seconds)."""
     dp = gluon_gpu.DataParallel(net, ctx, "adam", {"learning_rate": 3e-3}, head="regress",
                                 transform=data.spec.transform(members), batch_size=batch_size)
-    batches = DevicePipeline(data.train_x, data.train_y, batch_size, dp.ctx, seed, members=members)
+    train_ctx, groups, _ = pipeline_layout(net, ctx)  # an ensemble: each device its members' columns
+    batches = DevicePipeline(data.train_x, data.train_y, batch_size, train_ctx, seed, members=members,
+                             member_groups=groups)
     curves, start = [], time.perf_counter()
     for epoch in range(epochs):
         for x, y in batches.epoch(epoch):

@@ -15,7 +15,7 @@ from gluon_gpu.programs import evaluate, predict, train
 from gluon_gpu.data import DevicePipeline
 from gluon_gpu.models.ensemble import EnsembleLeNet, combine_members, extract_member
 from gluon_gpu.models.fused_conv import is_fused
-from gluon_gpu.models.member_stack import MemberStack
+from gluon_gpu.models.member_stack import MemberStack, pipeline_layout
 from gluon_gpu.models import init_model
 
 from conftest import fashion_transform, param_arrays, read_metrics
@@ -32,8 +32,9 @@ def train_steps(net, ctx, pipeline, optimizer, params, steps):
 
 
 def pipeline(x, y, net, ctx, seed, members=1):
-    """Batches where the network takes them: an ensemble of placed members on its home device."""
-    return DevicePipeline(x, y, 128, [net.home] if isinstance(net, MemberStack) else ctx, seed, members=members)
+    """Training batches where the network takes them (placed members: each device its members' columns)."""
+    train_ctx, groups, _ = pipeline_layout(net, ctx)
+    return DevicePipeline(x, y, 128, train_ctx, seed, members=members, member_groups=groups)
 
 
 @pytest.mark.parametrize("layout", ["fused", "devices", "separate"])

@@ -6,23 +6,26 @@ from mxnet import gluon, nd
 from .modes import legacy, to_api
 
 
-def make_step_graph(net, head, transform, precision, members, is_np, training):
+def make_step_graph(net, head, transform, precision, members, is_np, training, slots=None):
     """``(x, y) -> (loss sums (K,), stats)`` in training, ``stats`` in evaluation.
 
     ``stats`` is ``[loss sums (K), each metric's sums (K)]``; evaluating an ensemble
     adds the combined output's ``[loss, each metric]`` sums (the head's ``combine``).
     The network runs in its own API (``is_np``) and ``precision`` (inputs cast to the
     parameters' dtype; its outputs to float32); transform and head in the legacy one.
-    A HybridBlock network gets a hybridizable graph; any other Block an eager one."""
+    A HybridBlock network gets a hybridizable graph; any other Block an eager one.
+    ``slots=(first, total)``: the network is members first.. of an ensemble of ``total``
+    (one device's group) and the stats come back in those members' places among
+    ``total``, zeros elsewhere, so every device's sums add up to the ensemble's."""
     kind = StepGraph if isinstance(net, gluon.HybridBlock) else EagerStepGraph
     graph = kind(prefix="")
     graph.net, graph.transform = net, transform
-    graph._config = (head, precision, members, is_np, training)  # pylint: disable=protected-access
+    graph._config = (head, precision, members, is_np, training, slots)  # pylint: disable=protected-access
     return graph
 
 
 def _forward(graph, F, x, y):
-    head, precision, members, is_np, training = graph._config  # pylint: disable=protected-access
+    head, precision, members, is_np, training, slots = graph._config  # pylint: disable=protected-access
     x, y = legacy(x), legacy(y)
     with mx.util.np_array(False):
         if graph.transform is not None:
@@ -33,7 +36,7 @@ def _forward(graph, F, x, y):
         out = legacy(out)
         if precision.dtype != "float32":  # losses and sums in float32 whatever the network computes in
             out = F.cast(out, dtype="float32")
-        sums = _head_sums(F, head, out, y.astype("float32"), members, training)
+        sums = _head_sums(F, head, out, y.astype("float32"), members, training, slots)
     return tuple(to_api(s, is_np) for s in sums) if training else to_api(sums, is_np)
 
 
@@ -47,9 +50,9 @@ class EagerStepGraph(gluon.Block):
         return _forward(self, nd, x, y)
 
 
-def _head_sums(F, head, out, y, k, training):
+def _head_sums(F, head, out, y, k, training, slots=None):
     parts = []
-    if k > 1:
+    if k > 1 or slots:  # an ensemble (a device's group may hold one member)
         if not training:
             first = F.reshape(F.slice_axis(y, axis=1, begin=0, end=1), shape=(-3, -2))
             loss, metrics = head.per_sample(F, head.combine(F, out), first)
@@ -57,5 +60,16 @@ def _head_sums(F, head, out, y, k, training):
         out, y = F.reshape(out, shape=(-3, -2)), F.reshape(y, shape=(-3, -2))
     loss, metrics = head.per_sample(F, out, y)
     sums = [F.sum(F.reshape(v, shape=(-1, k)), axis=0) for v in [loss] + metrics]
-    stats = F.concat(*(sums + parts), dim=0)
+    placed = [_in_slots(F, s, k, slots) for s in sums] if slots else sums
+    stats = F.concat(*(placed + parts), dim=0)
     return (sums[0], stats) if training else stats
+
+
+def _in_slots(F, sums, k, slots):
+    """``sums`` of members first..first+k placed among ``total`` members, zeros elsewhere."""
+    first, total = slots
+    pieces = [F.zeros((first,))] if first else []
+    pieces.append(sums)
+    if total - first - k:
+        pieces.append(F.zeros((total - first - k,)))
+    return F.concat(*pieces, dim=0) if len(pieces) > 1 else sums

@@ -69,9 +69,11 @@ class DataParallel:
                  bucket_bytes=DEFAULT_BUCKET_BYTES, exchange=True, accumulate=1, clip_grad=None, amp=False,
                  loss_scaling=None):
         # A network that places itself (an ensemble of members on their own devices,
-        # models/member_stack.py) takes whole batches on its home device.
+        # models/member_stack.py): each device trains its group of members on whole
+        # batches of their columns, in a graph of its own; evaluation runs the whole stack
+        # on its home device.
         self.places_itself = getattr(net, "places_itself", False)
-        self.ctx = [net.home] if self.places_itself else list(ctx)
+        self.ctx = [device for _, device, _ in net.groups] if self.places_itself else list(ctx)
         self.batch_size = batch_size
         self.accumulate, self.clip_grad = accumulate, clip_grad
         self.pending_batches, self._pending_samples = 0, 0
@@ -115,8 +117,8 @@ class DataParallel:
         self._sync = self.distributed and kvstore != "dist_async"
         # Buckets are made at the first step, when every shape is known (a net may infer
         # its shapes in its first forward pass); the Trainer then has no kvstore of its own.
-        self.bucketing = (exchange and not self.distributed and len(self.ctx) > 1 and bucket_bytes > 0
-                          and bucketable(net.collect_params().values()))
+        self.bucketing = (exchange and not self.distributed and not self.places_itself and len(self.ctx) > 1
+                          and bucket_bytes > 0 and bucketable(net.collect_params().values()))
         self._bucket_config = (kvstore, bucket_bytes)
         self.buckets = None
         # Every device updates its own replica from the summed gradients (dist_async can
@@ -153,10 +155,17 @@ class DataParallel:
         self.kvstore.init(self._state_key, nd.zeros((self.sums.width * len(self.ctx) + 1,)))
 
     # -- the step -----------------------------------------------------------
-    def split(self, data, label):
-        """Per-device shards of a batch; already-split lists pass through unchanged."""
+    def split(self, data, label, training=True):
+        """Per-device shards of a batch; already-split lists pass through unchanged. An
+        ensemble of placed members: in training each device gets its members' columns
+        (axis 1) of the whole batch, in evaluation the home device the whole batch."""
         if isinstance(data, (list, tuple)):
             return list(data), list(label)
+        if self.places_itself:
+            if not training:
+                return [data.as_in_context(self.net.home)], [label.as_in_context(self.net.home)]
+            return ([a[:, first:first + len(group.nets)].as_in_context(device)
+                     for first, device, group in self.net.groups] for a in (data, label))
         return split_batch(data, self.ctx), split_batch(label, self.ctx)
 
     def step(self, data, label, return_loss=True, flush=False):
@@ -167,7 +176,7 @@ class DataParallel:
         if self.buckets is not None:
             self.buckets.check()
         xs, ys = self.split(data, label)
-        batch_size = sum(x.shape[0] for x in xs)
+        batch_size = xs[0].shape[0] if self.places_itself else sum(x.shape[0] for x in xs)
         with semantics(self.is_np):
             with autograd.record():
                 outs = [self._run(x, y, training=True) for x, y in zip(xs, ys)]
@@ -182,8 +191,8 @@ class DataParallel:
         self.sums.add([stats for _, stats in outs], batch_size)
         if not return_loss:
             return None
-        total = nd.add_n(*[l.as_in_context(self.ctx[0]) for l, _ in outs])
-        return nd.sum(total) / (batch_size * self.members)
+        total = nd.add_n(*[nd.sum(l).as_in_context(self.ctx[0]) for l, _ in outs])  # devices' groups may differ
+        return total / (batch_size * self.members)
 
     def _update(self):
         """Exchange the gradients, clip them, update every replica, and (accumulating)
@@ -218,7 +227,7 @@ class DataParallel:
 
     def _run(self, x, y, training):
         """One shard through its cached graph; legacy outputs whatever the model's API."""
-        graph = self._graph(x.shape, training)
+        graph = self._graph(x.shape, training, x.context)
         out = graph(to_api(x, self.is_np), to_api(y, self.is_np))
         return tuple(legacy(o) for o in out) if training else legacy(out)
 
@@ -300,7 +309,7 @@ class DataParallel:
         samples = 0
         with semantics(self.is_np):
             for data, label in batches:
-                xs, ys = self.split(data, label)
+                xs, ys = self.split(data, label, training=False)
                 for i, (x, y) in enumerate(zip(xs, ys)):
                     totals[i] += self._run(x, y, training=False)
                 samples += sum(x.shape[0] for x in xs)
@@ -311,16 +320,21 @@ class DataParallel:
         return result
 
     # -- internals ------------------------------------------------------------
-    def _graph(self, shape, training):
+    def _graph(self, shape, training, device):
         """One hybridized graph per (input shape, mode), all sharing the net's parameters,
         so a last partial batch gets its own cached graph instead of re-planning the
-        full-batch one every epoch."""
-        key = (tuple(shape), training)
+        full-batch one every epoch. Placed members train in one graph per device, over
+        that device's group; its figures land in the group's member slots."""
+        key = (tuple(shape), training, device if self.places_itself else None)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = make_step_graph(self.net, self.head, self.transform, self.precision, self.members,
-                                    self.is_np, training)
-            if self.hybridize and isinstance(self.net, gluon.HybridBlock):
+            net, members, slots = self.net, self.members, None
+            if self.places_itself and training:
+                first, net = next((f, g) for f, d, g in self.net.groups if d == device)
+                members, slots = len(net.nets), (first, self.members)
+            graph = make_step_graph(net, self.head, self.transform, self.precision, members,
+                                    self.is_np, training, slots)
+            if self.hybridize and isinstance(net, gluon.HybridBlock):
                 graph.hybridize(static_alloc=True, static_shape=True)
             self._graphs[key] = graph
         return graph

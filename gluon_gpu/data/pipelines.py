@@ -29,12 +29,16 @@ class DevicePipeline:
     ``epoch(e)`` yields ``(data_shards, label_shards)``, one shard per device used, cut
     by ``shard_bounds``. With ``members=K`` (an ensemble) member k draws its own order from
     seed ``seed + k`` and shards gain a member axis after the batch axis: member k's
-    samples in column k.
+    samples in column k. ``member_groups=[(first, count)]``, one per device: every
+    device gets the whole batch of its members' columns instead of a slice of the
+    samples (an ensemble whose members live on different devices).
     """
 
-    def __init__(self, inputs, targets, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1)):
+    def __init__(self, inputs, targets, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1),
+                 member_groups=None):
         self.n, self.batch_size, self.ctx = len(inputs), batch_size, list(ctx)
         self.seed, self.shuffle, self.members = seed, shuffle, members
+        self.member_groups = member_groups
         self.rank, self.workers = shard
         if self.workers > 1:  # equal steps on every worker: whole global batches only
             self.n -= self.n % (batch_size * self.workers)
@@ -66,7 +70,10 @@ class DevicePipeline:
         for start in range(start_batch * step, self.n, step):
             lo = min(start + self.rank * self.batch_size, self.n)
             hi = min(lo + self.batch_size, self.n)
-            shards = [idx[lo + a:lo + b] for (a, b), idx in zip(shard_bounds(hi - lo, len(self.ctx)), on_device)]
+            if self.member_groups:
+                shards = [idx[lo:hi, first:first + count] for (first, count), idx in zip(self.member_groups, on_device)]
+            else:
+                shards = [idx[lo + a:lo + b] for (a, b), idx in zip(shard_bounds(hi - lo, len(self.ctx)), on_device)]
             yield ([x.take(i) for x, i in zip(self._inputs, shards)],
                    [y.take(i) for y, i in zip(self._targets, shards)])
 
@@ -112,7 +119,7 @@ PIPELINES = ("device", "loader")
 
 
 def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
-                  members=1, shard=(0, 1)):
+                  members=1, shard=(0, 1), member_groups=None):
     """The ``kind`` pipeline over arrays ``inputs`` and ``targets``."""
     if kind == "loader":
         if members > 1:
@@ -121,4 +128,4 @@ def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, 
             raise UserError("a distributed kvstore needs --pipeline device")
         dataset = gluon.data.ArrayDataset(inputs, targets.astype(np.float32))
         return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers)
-    return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard)
+    return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard, member_groups)

@@ -2,7 +2,8 @@
 initialization and loading saved parameters."""
 from .init import SeededXavier, ensemble, fused_for, init_model
 from .loading import load_model, recorded_run
+from .member_stack import pipeline_layout
 from .zoo import ZOO_EXAMPLES, get_model
 
 __all__ = ["SeededXavier", "ZOO_EXAMPLES", "ensemble", "fused_for", "get_model", "init_model", "load_model",
-           "recorded_run"]
+           "pipeline_layout", "recorded_run"]

@@ -28,6 +28,7 @@ from ..core.devices import cpu_contexts, gpu_count, parse_devices, require_threa
 from ..core.errors import UserError
 from ..core.files import write_json
 from ..core.precision import check_precision, precision_for
+from ..models.member_stack import cpu_settings as ensemble_settings
 from ..data import load_dataset
 from ..models import get_model
 from ..models.zoo import model_for
@@ -223,7 +224,8 @@ def main(argv=None):
     if len(combinations) > 1:
         with tqdm(total=len(combinations), desc="bench", unit="process", disable=not progress_enabled(args)) as bar:
             return bench_variants.report_variants(parser, args, bar, machine_info())
-    require_thread_settings(args.omp_threads[0], args.engine_threads, restart=argv is None)
+    require_thread_settings(args.omp_threads[0], args.engine_threads, restart=argv is None,
+                            extra=ensemble_settings(max(args.ensemble)) if args.ensemble and argv is None else None)
     if args.ensemble:
         return bench_ensembles.run_ensembles(args)
     if args.workers:

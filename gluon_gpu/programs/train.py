@@ -25,6 +25,7 @@ from ..core.params import ParamSnapshot, last_line, save_parameters
 from ..models.fused_conv import is_fused
 from ..models.init import ensemble_layout
 from ..models.loading import adapt_keys
+from ..models.member_stack import cpu_settings as ensemble_settings
 from ..models.sync_bn import cpu_settings as sync_bn_settings
 from .cli import Parser, main_guard, parse_args, progress_enabled
 from .config import EPOCH_SHAPED_LR, RESUMABLE, RunConfig, add_flags, flag_name
@@ -105,11 +106,14 @@ def check_writable(path):
         raise UserError(f"cannot write to run directory {path}: {e.strerror or e}") from None
 
 
-def buckets_plan(dp, config):
-    """', gradient buckets <= 4 MiB' part of the plan line: how the gradients are exchanged."""
+def exchange_plan(dp, config, ctx):
+    """'kvstore local, gradient buckets <= 4 MiB': how the gradients are exchanged."""
+    if dp.places_itself:
+        return "no gradient exchange (independent members)"
+    kvstore = f"kvstore {config.kvstore or default_kvstore(ctx)}"
     if len(dp.ctx) == 1 and dp.num_workers == 1:
-        return ""
-    return f", gradient buckets <= {config.bucket_mb:g} MiB" if dp.bucketing else ", a key per parameter"
+        return kvstore
+    return kvstore + (f", gradient buckets <= {config.bucket_mb:g} MiB" if dp.bucketing else ", a key per parameter")
 
 
 def cpu_threads(ctx):
@@ -171,8 +175,9 @@ def plan_line(config, run, ctx, out):
     spec = run.data.spec
     task = (f"{len(spec.classes)} classes" if spec.task == "classify" else f"regression of {spec.outputs}")
     return (f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers}{cpu_threads(ctx)} | "
-            f"kvstore {config.kvstore or default_kvstore(ctx)}{buckets_plan(dp, config)} | batch "
-            f"{config.batch_size} ({config.batch_size // len(ctx)}+ per device) | {spec.dataset} "
+            f"{exchange_plan(dp, config, ctx)} | batch {config.batch_size} "
+            f"({'whole, to every member' if dp.places_itself else f'{config.batch_size // len(ctx)}+ per device'}) | "
+            f"{spec.dataset} "
             f"{'x'.join(map(str, spec.input_shape))}, {task}, {run.train.n} samples from {spec.source} | out {out}")
 
 
@@ -194,8 +199,13 @@ def main(argv=None):
         args.resume = restart_from(config.out)
     if args.resume:
         config, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
-    if config.sync_bn:  # MXNet reads these at start: the program may re-execute itself
-        require_thread_settings(restart=argv is None, extra=sync_bn_settings(config.engine_threads))
+    # MXNet reads these at start: the program re-executes itself with them (--sync-bn
+    # needs them; an ensemble only runs faster, so a library call goes on without)
+    extra = sync_bn_settings(config.engine_threads) if config.sync_bn else {}
+    if argv is None:
+        extra.update(ensemble_settings(config.ensemble))
+    if extra:
+        require_thread_settings(restart=argv is None, extra=extra)
     with devices(config.devices) as ctx:
         out = config.out if args.resume else prepare_out_dir(config.out)
         run = build_run(config, ctx, saved_spec=(state or {}).get("data"))  # checks batch, options, data first
