@@ -270,3 +270,25 @@ def test_the_heat_equation_example_trains_independent_seeds(tmp_path):
     assert report["seconds_together"] > 0 and report["seconds_one_after_another"] > 0
     with open(out / "heat.png", "rb") as f:
         assert f.read(4) == b"\x89PNG"
+
+
+def test_fused_lenet_ensembles_ask_for_a_random_state_pool_that_grows_with_k(monkeypatch):
+    from gluon_gpu.models.member_stack import cpu_settings
+    monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", "8")
+    assert cpu_settings(8) == {"MXNET_CPU_PARALLEL_RAND_COPY": "40"}
+    assert cpu_settings(100) == {"MXNET_CPU_PARALLEL_RAND_COPY": "72"}  # bounded: ~5 MiB a state
+    assert cpu_settings(1) == cpu_settings(8, "cifar_resnet20_v1") == cpu_settings(8, fused_conv="off") == {}
+    monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", "128")
+    assert cpu_settings(8) == {}  # a larger pool the user set stays
+
+
+def test_the_trainer_re_executes_with_the_pool_an_ensemble_needs(tmp_path):
+    probe = ("import os, runpy, sys; sys.argv = ['gluon_gpu.train'] + sys.argv[1:]; "
+             "print('RAND', os.environ.get('MXNET_CPU_PARALLEL_RAND_COPY'), flush=True); "
+             "runpy.run_module('gluon_gpu.train', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", probe, "--ensemble", "3", "--devices", "cpu*2", "--dry-run",
+                           "--limit", "256", "--out", str(tmp_path / "r")], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [l for l in done.stdout.splitlines() if l.startswith("RAND")][-1] == "RAND 20"  # 4 x 3 + 8
+    assert "3 x lenet (devices layout)" in done.stdout

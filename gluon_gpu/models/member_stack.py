@@ -23,6 +23,7 @@ from ..core.errors import UserError
 from ..core.modes import legacy, model_is_np, semantics, to_api
 
 LAYOUTS = ("auto", "devices", "fused", "separate")
+MAX_RANDOM_STATES = 72  # see cpu_settings
 
 
 class MemberGroup(gluon.HybridBlock):
@@ -165,18 +166,20 @@ def pipeline_layout(net, ctx):
             [net.home])
 
 
-def cpu_settings(members):
+def cpu_settings(members, model="lenet", fused_conv="auto"):
     """The variables an ensemble wants set before MXNet starts: MXNet hands every
-    operator from an extension library (the fused conv operator) a random-number state
-    from one pool shared by all CPU contexts, round-robin, and two operators holding the
-    same state run one after the other, whatever their device. With the default 8
-    states, K=8 LeNets on cpu*2 ran their two devices in turn: 6.1 ms per member and
-    step against 3.9 ms with 64 states. Each member's graphs hold about four such
-    operators; each state costs ~5 MiB, so the pool grows with K only. {} when the
-    variable already allows it."""
-    wanted = 4 * members + 8
+    operator from an extension library (LeNet's fused conv operator) a random-number
+    state from one pool shared by all CPU contexts, round-robin, and two operators
+    holding the same state run one after the other, whatever their device. With the
+    default 8 states, K=8 LeNets on cpu*2 ran their two devices in turn: 6.1 ms per
+    member and step against 3.9 ms with 64 states. Each member's graphs hold about four
+    such operators; a state costs ~5 MiB, so the pool grows with K up to 72 states
+    (K=16). {} for other models, and when the variable already allows it."""
+    if members < 2 or model not in ("lenet", "auto") or fused_conv == "off":
+        return {}
+    wanted = min(4 * members + 8, MAX_RANDOM_STATES)
     try:
         current = int(os.environ.get("MXNET_CPU_PARALLEL_RAND_COPY", "1"))
     except ValueError:
         current = 1
-    return {"MXNET_CPU_PARALLEL_RAND_COPY": str(wanted)} if members > 1 and current < wanted else {}
+    return {"MXNET_CPU_PARALLEL_RAND_COPY": str(wanted)} if current < wanted else {}

@@ -225,7 +225,8 @@ def main(argv=None):
         with tqdm(total=len(combinations), desc="bench", unit="process", disable=not progress_enabled(args)) as bar:
             return bench_variants.report_variants(parser, args, bar, machine_info())
     require_thread_settings(args.omp_threads[0], args.engine_threads, restart=argv is None,
-                            extra=ensemble_settings(max(args.ensemble)) if args.ensemble and argv is None else None)
+                            extra=ensemble_settings(max(args.ensemble), args.model, args.fused_conv[0])
+                            if args.ensemble and argv is None else None)
     if args.ensemble:
         return bench_ensembles.run_ensembles(args)
     if args.workers:

@@ -203,7 +203,7 @@ def main(argv=None):
     # needs them; an ensemble only runs faster, so a library call goes on without)
     extra = sync_bn_settings(config.engine_threads) if config.sync_bn else {}
     if argv is None:
-        extra.update(ensemble_settings(config.ensemble))
+        extra.update(ensemble_settings(config.ensemble, config.model, config.fused_conv))
     if extra:
         require_thread_settings(restart=argv is None, extra=extra)
     with devices(config.devices) as ctx:
