@@ -97,10 +97,15 @@ def test_ensemble_bench_times_every_spec_and_layout_against_k_times_one(tmp_path
         assert f.read(4) == b"\x89PNG"
 
 
-def test_ensemble_bench_refuses_a_layout_the_model_lacks(tmp_path, capsys):
-    assert bench.main(["--devices", "cpu", "--ensemble", "2", "--ensemble-layout", "fused", "--model", "mlp",
-                       "--out", str(tmp_path / "b"), "--quiet"]) == 2
-    assert "only LeNet's sequence" in capsys.readouterr().err
+@pytest.mark.parametrize("flags,message", [
+    (["--ensemble", "2", "--ensemble-layout", "fused", "--model", "mlp"], "only LeNet's sequence"),
+    (["--ensemble", "2", "--omp-threads", "1", "2"], "time --ensemble or --workers once per value"),
+    (["--workers", "2", "--dtype", "float32", "bfloat16"], "time --ensemble or --workers once per value"),
+])
+def test_bench_modes_refuse_what_they_cannot_time(tmp_path, capsys, flags, message):
+    assert bench.main(["--devices", "cpu", "--out", str(tmp_path / "b"), "--quiet"] + flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
 
 
 def test_workers_bench_times_real_jobs(tmp_path, capsys, monkeypatch):

@@ -4,15 +4,17 @@ Member k is an ordinary network (LeNet, a zoo network, a user's block) with its 
 parameters, initialized as ``--seed seed+k`` alone initializes it, on one device: with
 the layout ``devices`` the members are dealt out over D devices in contiguous runs
 (K not a multiple of D: the first K mod D devices hold one member more; K < D: D - K
-devices idle), with ``separate`` every member lives on the first device. No gradient
-crosses devices: members are independent, so the only traffic is each device's input
-slice going out and its members' outputs coming back.
+devices idle), with ``separate`` every member lives on the first device. Members are
+independent: no gradient crosses devices.
 
-The members of one device form a :class:`MemberGroup`, one hybridized graph (one static
-graph for K LeNets ran 25% faster per member than K graphs called one by one). The
-stack has the fused EnsembleLeNet's contract: input ``(B, K*C, ...)`` (member k's sample
-in channels k*C..), output ``(B, K, outputs)``; its parameter keys are ``<k>.<the
-member's own key>`` whatever the grouping, so a run may resume on another device count.
+The members of one device form a :class:`MemberGroup`, one hybridizable block: in
+training DataParallel runs one step graph per device over its group, fed that device's
+members' columns of each batch (``pipeline_layout``); K graphs called one by one cost
+more per member (README "Seed-parallel ensembles"). The stack itself, with the fused
+EnsembleLeNet's contract (input ``(B, K*C, ...)``, member k's sample in channels k*C..;
+output ``(B, K, outputs)``), evaluates and predicts on its home device. Its parameter
+keys are ``<k>.<the member's own key>`` whatever the grouping, so a run may resume on
+another device count.
 """
 import os
 
@@ -143,7 +145,7 @@ def check_memory(make_net, members, devices, layout, input_shape, batch_size):
     per_member = member_bytes(make_net, input_shape, batch_size)
     if devices[0].device_type == "cpu" or layout == "separate":
         loads = {devices[0]: members}
-    else:  # fused: every device holds every member; devices: round-robin
+    else:  # fused: every device holds every member; devices: its run of members
         placed = member_devices(members, devices, "devices")
         loads = {d: members if layout == "fused" else placed.count(d) for d in devices}
     for device, count in loads.items():
@@ -170,11 +172,11 @@ def cpu_settings(members, model="lenet", fused_conv="auto"):
     """The variables an ensemble wants set before MXNet starts: MXNet hands every
     operator from an extension library (LeNet's fused conv operator) a random-number
     state from one pool shared by all CPU contexts, round-robin, and two operators
-    holding the same state run one after the other, whatever their device. With the
-    default 8 states, K=8 LeNets on cpu*2 ran their two devices in turn: 6.1 ms per
-    member and step against 3.9 ms with 64 states. Each member's graphs hold about four
-    such operators; a state costs ~5 MiB, so the pool grows with K up to 72 states
-    (K=16). {} for other models, and when the variable already allows it."""
+    holding the same state run one after the other, whatever their device: with the
+    default 8 states, the two devices of cpu*2 took turns (README "Seed-parallel
+    ensembles"). Each member's graphs hold about four such operators; a state costs
+    ~5 MiB, so the pool grows with K up to 72 states (K=16). {} for other models, and
+    when the variable already allows it."""
     if members < 2 or model not in ("lenet", "auto") or fused_conv == "off":
         return {}
     wanted = min(4 * members + 8, MAX_RANDOM_STATES)

@@ -33,7 +33,7 @@ from ..data import load_dataset
 from ..models import get_model
 from ..models.zoo import model_for
 from . import bench_ensembles, bench_variants
-from .bench_timing import machine_info, peak_rss_mib, summarize, time_ours, time_tutorial
+from .bench_timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours, time_tutorial
 from .cli import Parser, main_guard, positive_int, progress_enabled
 from .config import COMMON_FLAGS, add_flags
 from .train import check_writable
@@ -118,23 +118,14 @@ def concurrent_contexts(ctx):
 
 
 def format_table(rows, tutorial):
-    head = (f"{'devices':<16}{'first s':>9}{'median s':>10}{'samples/s':>11}{'speedup':>9}"
-            f"{'eff.':>7}{'exchange':>10}{'cores busy':>12}{'vs tutorial':>13}{'val-acc':>9}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        vs = f"{r['vs_tutorial']:.2f}x" if r.get("vs_tutorial") else "-"
-        speed = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
-        eff = f"{r['efficiency']:.0%}" if "efficiency" in r else "-"
-        busy = f"{r['cores_busy']:.2f}" if "cores_busy" in r else "-"
-        exchange = f"{r['exchange_share']:.1%}" if "exchange_share" in r else "-"
-        lines.append(f"{r['name']:<16}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
-                     f"{r['samples_per_s']:>11.0f}{speed:>9}{eff:>7}{exchange:>10}{busy:>12}{vs:>13}"
-                     f"{r['val_acc']:>9.4f}")
-    if tutorial:
-        lines.append(f"{'tutorial (' + tutorial['name'] + ')':<16}"[:16] + f"{tutorial['first_epoch_s']:>9.2f}"
-                     f"{tutorial['median_epoch_s']:>10.2f}{tutorial['samples_per_s']:>11.0f}{'':>9}{'':>7}"
-                     f"{'-':>10}{'-':>12}{'1.00x':>13}{tutorial['val_acc']:>9.4f}")
-    return "\n".join(lines)
+    columns = [("devices", 16, lambda r: r["name"]), *TIMES,
+               ("samples/s", 11, figure("samples_per_s", ".0f")), ("speedup", 9, figure("speedup", ".2f", "x")),
+               ("eff.", 7, figure("efficiency", ".0%")), ("exchange", 10, figure("exchange_share", ".1%")),
+               ("cores busy", 12, figure("cores_busy", ".2f")), ("vs tutorial", 13, figure("vs_tutorial", ".2f", "x")),
+               ("val-acc", 9, figure("val_acc", ".4f"))]
+    baseline = [{**tutorial, "name": f"tutorial ({tutorial['name']})", "speedup": "", "efficiency": "",
+                 "vs_tutorial": 1.0}] if tutorial else []
+    return text_table(columns, rows + baseline)
 
 
 def plot(rows, tutorial, path):
@@ -196,15 +187,12 @@ def run_workers(args):
             name = "1 process" if w == 0 else f"{w} worker{'s' if w > 1 else ''}"
             rows.append({**summarize(name, [run], samples, len(parse_devices(args.devices[0]))), "workers": w})
             bar.update(1)
-    base = rows[0]["median_epoch_s"]
-    head = f"{'job':<12}{'first s':>9}{'median s':>10}{'samples/s':>11}{'time vs 1 process':>20}"
-    lines = [f"distributed dist_sync jobs on {args.devices[0]} per worker, global batch {args.batch_size}",
-             head, "-" * len(head)]
     for r in rows:
-        r["overhead_ratio"] = r["median_epoch_s"] / base
-        lines.append(f"{r['name']:<12}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
-                     f"{r['samples_per_s']:>11.0f}{r['overhead_ratio']:>19.2f}x")
-    print("\n".join(lines))
+        r["overhead_ratio"] = r["median_epoch_s"] / rows[0]["median_epoch_s"]
+    columns = [("job", 12, lambda r: r["name"]), *TIMES, ("samples/s", 11, figure("samples_per_s", ".0f")),
+               ("time vs 1 process", 20, figure("overhead_ratio", ".2f", "x"))]
+    print(text_table(columns, rows, f"distributed dist_sync jobs on {args.devices[0]} per worker, "
+                                    f"global batch {args.batch_size}"))
     write_json(os.path.join(args.out, "bench.json"),
                {"config": vars(args), "machine": machine_info(), "workers": rows})
     print(f"wrote {args.out}/bench.json")
@@ -221,6 +209,9 @@ def main(argv=None):
             check_precision(precision_for(dtype, args.amp), parse_devices(spec))
     check_writable(args.out)
     combinations = bench_variants.variants(args)
+    if len(combinations) > 1 and (args.ensemble or args.workers):
+        raise UserError("several --dtype or --omp-threads values compare plain runs; time --ensemble or "
+                        "--workers once per value")
     if len(combinations) > 1:
         with tqdm(total=len(combinations), desc="bench", unit="process", disable=not progress_enabled(args)) as bar:
             return bench_variants.report_variants(parser, args, bar, machine_info())

@@ -17,7 +17,7 @@ from ..core.files import write_json
 from ..data import load_dataset
 from ..models.init import ensemble_layout
 from ..models.zoo import model_for
-from .bench_timing import machine_info, peak_rss_mib, summarize, time_ours
+from .bench_timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours
 from .cli import progress_enabled
 
 
@@ -52,12 +52,10 @@ def bench_ensembles(args, bar, data, runs):
 
 
 def format_ensemble_table(rows):
-    head = f"{'ensemble':<30}{'first s':>9}{'median s':>10}{'member-samples/s':>18}{'vs sequential':>15}"
-    lines = [f"{rows[0]['model']}: K members against K x the K=1 epoch on {rows[0]['spec']}", head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['name']:<30}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
-                     f"{r['member_samples_per_s']:>18.0f}{r['speedup_vs_sequential']:>14.2f}x")
-    return "\n".join(lines)
+    columns = [("ensemble", 30, lambda r: r["name"]), *TIMES,
+               ("member-samples/s", 18, figure("member_samples_per_s", ".0f")),
+               ("vs sequential", 15, figure("speedup_vs_sequential", ".2f", "x"))]
+    return text_table(columns, rows, f"{rows[0]['model']}: K members against K x the K=1 epoch on {rows[0]['spec']}")
 
 
 def plot_ensembles(rows, path):

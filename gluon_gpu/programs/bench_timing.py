@@ -1,6 +1,6 @@
 """Timing real training epochs for the benchmark: ours for a spec and a configuration,
-the baseline loop, and the summary row of a set of runs (shared by bench.py and its
-ensemble and variant modes)."""
+the baseline loop, the summary row of a set of runs, and the text table of rows (shared
+by bench.py and its ensemble and variant modes)."""
 import os
 import platform
 import resource
@@ -105,3 +105,27 @@ def peak_rss_mib():
     self_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     child_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return self_kib / 1024, child_kib / 1024
+
+
+
+def figure(key, fmt, suffix=""):
+    """A table cell: ``row[key]`` formatted (a ratio: ``suffix='x'``), '-' where the row
+    lacks it, blank where it holds ''."""
+    def cell(row):
+        value = row.get(key)
+        return "-" if value is None else "" if value == "" else format(value, fmt) + suffix
+    return cell
+
+
+TIMES = [("first s", 9, figure("first_epoch_s", ".2f")), ("median s", 10, figure("median_epoch_s", ".2f"))]
+
+
+def text_table(columns, rows, title=None):
+    """Fixed-width lines: ``columns`` is ``[(heading, width, cell)]``, ``cell(row)`` a
+    string; the first column left-aligned, the others right-aligned; a rule under the
+    heading, ``title`` above it."""
+    def line(cells):
+        return "".join(f"{c:<{w}}"[:w] if i == 0 else f"{c:>{w}}" for i, (c, (_, w, _)) in enumerate(zip(cells, columns)))
+    head = line([heading for heading, _, _ in columns])
+    lines = ([title] if title else []) + [head, "-" * len(head)]
+    return "\n".join(lines + [line([cell(r) for _, _, cell in columns]) for r in rows])

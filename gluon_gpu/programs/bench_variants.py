@@ -13,6 +13,7 @@ import sys
 from ..core.callbacks import save_figure, subplots
 from ..core.errors import UserError
 from ..core.files import write_json
+from .bench_timing import TIMES, figure, text_table
 
 PROCESS_WIDE = ("dtype", "omp_threads")
 
@@ -75,17 +76,11 @@ def run_variants(parser, args, bar):
 
 
 def format_variants(rows, tutorial):
-    head = (f"{'run':<28}{'first s':>9}{'median s':>10}{'samples/s':>11}{'vs first':>10}"
-            f"{'vs baseline':>13}{'val-acc':>9}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        vs = f"{r['vs_tutorial']:.2f}x" if r.get("vs_tutorial") else "-"
-        lines.append(f"{r['name']:<28}{r['first_epoch_s']:>9.2f}{r['median_epoch_s']:>10.2f}"
-                     f"{r['samples_per_s']:>11.0f}{r['vs_first']:>9.2f}x{vs:>13}{r['val_acc']:>9.4f}")
-    if tutorial:
-        lines.append(f"{'baseline loop':<28}{tutorial['first_epoch_s']:>9.2f}{tutorial['median_epoch_s']:>10.2f}"
-                     f"{tutorial['samples_per_s']:>11.0f}{'':>10}{'1.00x':>13}{tutorial['val_acc']:>9.4f}")
-    return "\n".join(lines)
+    columns = [("run", 28, lambda r: r["name"]), *TIMES, ("samples/s", 11, figure("samples_per_s", ".0f")),
+               ("vs first", 10, figure("vs_first", ".2f", "x")), ("vs baseline", 13, figure("vs_tutorial", ".2f", "x")),
+               ("val-acc", 9, figure("val_acc", ".4f"))]
+    baseline = [{**tutorial, "name": "baseline loop", "vs_first": "", "vs_tutorial": 1.0}] if tutorial else []
+    return text_table(columns, rows + baseline)
 
 
 def plot_variants(rows, tutorial, path):
