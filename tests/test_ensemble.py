@@ -292,3 +292,25 @@ def test_the_trainer_re_executes_with_the_pool_an_ensemble_needs(tmp_path):
     assert done.returncode == 0, done.stderr
     assert [l for l in done.stdout.splitlines() if l.startswith("RAND")][-1] == "RAND 20"  # 4 x 3 + 8
     assert "3 x lenet (devices layout)" in done.stdout
+
+
+def test_an_ensemble_run_of_0_2_resumes_as_the_fused_network_it_saved(tmp_path):
+    """Before 0.3 every ensemble was fused and configs had no ensemble_layout: such a run
+    continues as fused, from its fused checkpoint."""
+    import json
+    import shutil
+    from gluon_gpu.programs.config import RunConfig
+    assert RunConfig.from_dict({"ensemble": 3}).ensemble_layout == "fused"
+    assert RunConfig.from_dict({"ensemble": 3, "ensemble_layout": "devices"}).ensemble_layout == "devices"
+    fused = str(tmp_path / "fused")
+    assert train.main(["--devices", "cpu", "--ensemble", "2", "--ensemble-layout", "fused", "--epochs", "1",
+                       "--limit", "512", "--quiet", "--out", fused]) == 0
+    old = str(tmp_path / "old")
+    shutil.copytree(fused, old)
+    for state_file in (tmp_path / "old" / "checkpoints").glob("*/state.json"):
+        state = json.loads(state_file.read_text())
+        del state["config"]["ensemble_layout"]  # as 0.2 wrote it
+        state_file.write_text(json.dumps(state))
+    assert train.main(["--resume", old, "--epochs", "2", "--quiet"]) == 0
+    assert isinstance(load_model(os.path.join(old, "net.params")), EnsembleLeNet)
+    assert len(read_metrics(old)["epochs"]) == 2
