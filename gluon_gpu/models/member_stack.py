@@ -55,10 +55,9 @@ class MemberStack(gluon.Block):
 
     def __init__(self, nets, devices, channels, hybridize=True, **kwargs):
         super().__init__(**kwargs)
-        self.members, self.channels = len(nets), channels
-        self.devices, self.home = list(devices), devices[0]
+        self.members, self.channels, self.home = len(nets), channels, devices[0]
         self.groups = []  # (first member, device, group)
-        for k, (net, device) in enumerate(zip(nets, self.devices)):
+        for k, (net, device) in enumerate(zip(nets, devices)):
             if not self.groups or self.groups[-1][1] != device:
                 self.groups.append((k, device, []))
             self.groups[-1][2].append(net)
