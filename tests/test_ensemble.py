@@ -23,8 +23,9 @@ from conftest import fashion_transform, param_arrays, read_metrics
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def train_steps(net, ctx, pipeline, optimizer, params, steps):
-    dp = DataParallel(net, ctx, optimizer, dict(params), transform=fashion_transform(getattr(net, "members", 1)))
+def train_steps(net, ctx, pipeline, optimizer, params, steps, **options):
+    dp = DataParallel(net, ctx, optimizer, dict(params), transform=fashion_transform(getattr(net, "members", 1)),
+                      **options)
     batches = pipeline.epoch(0)
     for _ in range(steps):
         dp.step(*next(batches))
@@ -66,6 +67,28 @@ def test_member_k_equals_lenet_trained_alone_with_seed_plus_k(train_slice, spec,
             np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=2e-5, err_msg=f"member {k} {name}")
             moved = max(moved, float(np.abs(want[name] - start[name]).max()))
     assert moved > 1e-3  # training really changed the parameters
+
+
+@pytest.mark.parametrize("layout", ["devices", "separate"])
+def test_members_accumulate_and_clip_as_their_seeds_alone(train_slice, layout):
+    """--accumulate 2 and --clip-grad on placed members: each member's gradients summed
+    over two batches and clipped by its own norm, exactly as that seed trains alone."""
+    ctx, (x, y) = [mx.cpu(0), mx.cpu(1)], train_slice
+    options = {"accumulate": 2, "clip_grad": 0.05, "batch_size": 128}
+    ens = init_model("lenet", 3, ctx, members=3, layout=layout)
+    train_steps(ens, ctx, pipeline(x, y, ens, ctx, 3, 3), "sgd", {"learning_rate": 0.5, "momentum": 0.9}, 6, **options)
+    for k in range(3):
+        device = next(iter(extract_member(ens, k).collect_params().values())).list_ctx()
+        alone = init_model("lenet", 3 + k, device)
+        train_steps(alone, device, DevicePipeline(x, y, 128, device, 3 + k), "sgd",
+                    {"learning_rate": 0.5, "momentum": 0.9}, 6, **options)
+        want, got = param_arrays(alone), param_arrays(extract_member(ens, k))
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=f"member {k} {name}")
+    unclipped = init_model("lenet", 3, ctx[:1])
+    train_steps(unclipped, ctx[:1], DevicePipeline(x, y, 128, ctx[:1], 3), "sgd",
+                {"learning_rate": 0.5, "momentum": 0.9}, 6, accumulate=2, batch_size=128)
+    assert not np.allclose(param_arrays(unclipped)["0.weight"], param_arrays(extract_member(ens, 0))["0.weight"])
 
 
 @pytest.mark.parametrize("fused_conv,layout", [("off", "fused"), ("on", "fused"), ("on", "devices")])
@@ -197,8 +220,6 @@ def test_ensemble_run_resumes(ensemble_run, tmp_path):
     (["--ensemble", "2", "--model", "cifar_resnet20_v1", "--ensemble-layout", "fused"],
      "cifar_resnet20_v1 cannot be fused: its layer features.1 (BatchNorm) has no fused form"),
     (["--ensemble", "2", "--ensemble-layout", "fused", "--model", "mlp"], "only LeNet's sequence"),
-    (["--ensemble", "2", "--accumulate", "2"], "--accumulate with an ensemble laid out over devices"),
-    (["--ensemble", "2", "--clip-grad", "1"], "--clip-grad with an ensemble laid out over devices"),
     (["--ensemble", "2", "--ensemble-layout", "grouped"], "invalid choice"),
     (["--ensemble", "2", "--pipeline", "loader"], "needs --pipeline device"),
     (["--ensemble", "2", "--devices", "cpu*4", "--batch-size", "3"], "smaller than the 4 devices"),

@@ -104,7 +104,7 @@ class DataParallel:
                     p.grad_req = "add"
         self.distributed = kvstore.startswith("dist")
         if self.places_itself:
-            _check_members(self.distributed, accumulate, clip_grad)
+            _check_members(self.distributed)
         if clip_grad and kvstore == "dist_async":
             raise UserError("--clip-grad needs the update on the workers; dist_async updates on the servers")
         if self.distributed and not exchange:
@@ -217,7 +217,13 @@ class DataParallel:
 
     def _clip(self, max_norm):
         """Global-norm clipping of the summed gradients, on every device alike: replicas
-        hold the same sums after the exchange, so they stay identical. No host sync."""
+        hold the same sums after the exchange, so they stay identical. Placed members:
+        each member's own norm, as it would be clipped alone. No host sync."""
+        if self.places_itself:
+            for member in self.net.nets:
+                grads = [legacy(p.list_grad()[0]) for p in member.collect_params().values() if p.grad_req != "null"]
+                gluon.utils.clip_global_norm(grads, max_norm, check_isfinite=False)
+            return
         trained = self._trained()
         for c in self.ctx:
             gluon.utils.clip_global_norm([legacy(p.grad(c)) for p in trained], max_norm, check_isfinite=False)
@@ -364,9 +370,9 @@ class DataParallel:
         if self.buckets is not None:
             self.buckets.zero(ctx)
             return
-        for param in self._trained():
-            for c in ctx:
-                param.grad(c)[:] = 0
+        for param in self._trained():  # a placed member's parameter lives on its one device
+            for grad in param.list_grad() if self.places_itself else [param.grad(c) for c in ctx]:
+                grad[:] = 0
 
 
 class MemberTrainer(gluon.Trainer):
@@ -383,14 +389,11 @@ class MemberTrainer(gluon.Trainer):
         self._kv_initialized = True
 
 
-def _check_members(distributed, accumulate, clip_grad):
-    """What an ensemble of placed members cannot do yet, one line each."""
+def _check_members(distributed):
+    """What an ensemble of placed members cannot do yet, one line."""
     if distributed:
         raise UserError("an ensemble laid out over devices trains in one process: use --ensemble-layout fused "
                         "with a distributed kvstore, or no launcher")
-    if accumulate > 1 or clip_grad:
-        raise UserError(f"--{'accumulate' if accumulate > 1 else 'clip-grad'} with an ensemble laid out over "
-                        "devices is not supported yet: use --ensemble-layout fused (LeNet)")
 
 
 def _check_devices(net, ctx):
