@@ -4,7 +4,7 @@ from ..core.devices import describe, devices
 from ..core.heads import head_for
 from ..core.parallel import DataParallel
 from ..data import DataSpec, DevicePipeline, load_dataset
-from ..models import load_model, recorded_run
+from ..models import load_model, pipeline_layout, recorded_run
 from .cli import Parser, check_batch, main_guard, parse_args
 from .config import COMMON_FLAGS, add_flags
 
@@ -44,7 +44,8 @@ def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_
     net = load_model(path, ctx, model, input_shape=spec.input_shape, outputs=spec.outputs, fused_conv=fused_conv)
     members = getattr(net, "members", 1)
     dp = DataParallel(net, ctx, head=head_for(spec.task, spec.outputs), transform=spec.transform(members))
-    return dp.evaluate(DevicePipeline(data.val_x, data.val_y, batch_size, dp.ctx, shuffle=False,
+    eval_ctx = pipeline_layout(net, ctx)[2]  # an ensemble of placed members: its home device
+    return dp.evaluate(DevicePipeline(data.val_x, data.val_y, batch_size, eval_ctx, shuffle=False,
                                       members=members).epoch(0))
 
 
