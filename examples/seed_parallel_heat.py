@@ -57,9 +57,9 @@ def train(net, ctx, data, members, seed, epochs, batch_size):
     """Train; per epoch, each member's mean training loss. Returns (curves, seconds)."""
     dp = gluon_gpu.DataParallel(net, ctx, "adam", {"learning_rate": 3e-3}, head="regress",
                                 transform=data.spec.transform(members), batch_size=batch_size)
-    train_ctx, groups, _ = pipeline_layout(net, ctx)  # an ensemble: each device its members' columns
-    batches = DevicePipeline(data.train_x, data.train_y, batch_size, train_ctx, seed, members=members,
-                             member_groups=groups)
+    layout = pipeline_layout(net, ctx)  # an ensemble: each group its members' columns (in turns on one device)
+    batches = DevicePipeline(data.train_x, data.train_y, batch_size, layout.train_ctx, seed, members=members,
+                             member_groups=layout.member_groups, in_turns=layout.in_turns)
     curves, start = [], time.perf_counter()
     for epoch in range(epochs):
         for x, y in batches.epoch(epoch):

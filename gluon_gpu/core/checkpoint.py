@@ -16,7 +16,7 @@ import time
 from .errors import ParamsError
 from .files import fsync_path, umask_mode, write_guard
 from .modes import semantics
-from .optimizer_state import has_optimizer_state, load_optimizer_state, save_optimizer_state
+from .optimizer_state import has_optimizer_state, load_optimizer_state, parameter_keys, save_optimizer_state
 from .params import assign_parameters, read_parameter_file, save_parameters
 
 CHECKPOINTS = "checkpoints"
@@ -53,7 +53,7 @@ def _write_checkpoint(tmp, dp, state):
     if pause:
         time.sleep(pause)
     with semantics(dp.is_np):
-        save_optimizer_state(dp.trainer, tmp)
+        save_optimizer_state(dp.trainer, tmp, parameter_keys(dp.trainer, dp.net))
     with open(os.path.join(tmp, "state.json"), "w") as f:
         json.dump({**state, "complete": True}, f, indent=2, default=str)
         f.flush()
@@ -118,7 +118,7 @@ def load_checkpoint(directory, dp, adapt=None):
     arrays = read_parameter_file(path)
     assign_parameters(dp.net, adapt(arrays) if adapt else arrays, dp.ctx, path)
     with semantics(dp.is_np):
-        load_optimizer_state(dp.trainer, directory)
+        load_optimizer_state(dp.trainer, directory, parameter_keys(dp.trainer, dp.net))
     _check_state_shapes(dp.trainer, directory)
 
 

@@ -11,7 +11,8 @@ MAX_PENDING = 512  # steps whose outputs are held between reads
 
 
 class DeviceSums:
-    """Running sums of step-graph vectors of ``width`` on each of ``ctx``."""
+    """Running sums of step-graph vectors of ``width`` on each of ``ctx``, and the
+    samples each of the ``members`` has seen (``seen``; members in turns differ)."""
 
     def __init__(self, ctx, width, members):
         self.ctx, self.width, self.members = list(ctx), width, members
@@ -19,13 +20,18 @@ class DeviceSums:
 
     def reset(self):
         self._sums = [nd.zeros((self.width,), ctx=c) for c in self.ctx]
-        self.samples = 0
+        self.seen = np.zeros(self.members, dtype=np.int64)
         self._pending = []
 
-    def add(self, outs, samples):
-        """Hold one step's per-device vectors (a step may use fewer devices)."""
+    @property
+    def samples(self):
+        return int(self.seen.max())
+
+    def add(self, outs, samples, members=None):
+        """Hold one step's per-device vectors (a step may use fewer devices; None: a
+        device that sat the step out) over ``samples`` samples of ``members`` (all)."""
         self._pending.append(outs)
-        self.samples += samples
+        self.seen[slice(None) if members is None else members] += samples
         if len(self._pending) >= MAX_PENDING:  # a loop that never reads: bound what is held
             self._fold()
 
@@ -33,7 +39,7 @@ class DeviceSums:
         """Add the held vectors into the running sums (device ops, no host sync)."""
         pending, self._pending = self._pending, []
         for i in range(len(self.ctx)):
-            vectors = [outs[i] for outs in pending if i < len(outs)]
+            vectors = [outs[i] for outs in pending if i < len(outs) and outs[i] is not None]
             if vectors:
                 self._sums[i] += nd.add_n(*vectors)
 
@@ -46,7 +52,7 @@ class DeviceSums:
         if all(np.isfinite(s[:k].asnumpy()).all() for s in self._sums):
             return None
         for position, outs in enumerate(pending, 1):
-            if not all(np.isfinite(v[:k].asnumpy()).all() for v in outs):
+            if not all(np.isfinite(v[:k].asnumpy()).all() for v in outs if v is not None):
                 return position
         return 1  # the sums were already non-finite before these steps
 
@@ -56,26 +62,30 @@ class DeviceSums:
         return sum(s.asnumpy() for s in self._sums)
 
     def state(self):
-        """The running sums per device and the sample count (for checkpoints)."""
+        """The running sums per device and the sample counts (for checkpoints)."""
         self._fold()
-        return {"sums": [s.asnumpy().tolist() for s in self._sums], "samples": self.samples}
+        return {"sums": [s.asnumpy().tolist() for s in self._sums], "samples": self.samples,
+                "member_samples": self.seen.tolist()}
 
     def load_state(self, state):
-        """Restore ``state()`` output (all on the first device if the device count changed)."""
+        """Restore ``state()`` output (all on the first device if the device count changed;
+        without ``member_samples``, from before 0.4: every member saw ``samples``)."""
         self.reset()
         sums = state["sums"]
         if len(sums) != len(self.ctx):
             sums = [list(np.sum(sums, axis=0))] + [[0.0] * self.width] * (len(self.ctx) - 1)
         for array, value in zip(self._sums, sums):
             array[:] = nd.array(value, ctx=array.context)
-        self.samples = state["samples"]
+        self.seen[:] = state.get("member_samples", state["samples"])
 
 
 def report(vector, samples, names, members):
     """``{'loss', name: ...}`` means over samples (ensembles: member means, and
-    ``member_loss``/``member_<name>`` lists) from a ``[(1 + len(names)) x members]`` vector."""
-    rows = np.asarray(vector, dtype=np.float64).reshape(1 + len(names), members) / max(samples, 1)
-    result = {"samples": samples}
+    ``member_loss``/``member_<name>`` lists) from a ``[(1 + len(names)) x members]`` vector;
+    ``samples``: one count, or each member's."""
+    seen = np.asarray(samples)
+    rows = np.asarray(vector, dtype=np.float64).reshape(1 + len(names), members) / np.maximum(seen, 1)
+    result = {"samples": int(seen.max())}
     for name, row in zip(("loss",) + tuple(names), rows):
         result[name] = float(row.mean())
         if members > 1:

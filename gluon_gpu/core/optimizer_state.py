@@ -4,7 +4,13 @@ MXNet's ``Trainer.save_states`` pickles the updater's states together with the o
 object, and ``load_states`` unpickles whatever the file holds: a crafted checkpoint runs
 code. gluon_gpu writes the states as arrays (``optimizer.params``, MXNet's array format)
 and their layout and update counts as JSON (``optimizer.json``); hyperparameters and the
-LR schedule come from the run's configuration, as they must on resume anyway. Files of
+LR schedule come from the run's configuration, as they must on resume anyway.
+
+States are indexed by the Trainer's parameter order, which ``gluon.Trainer`` sorts by
+parameter *name*, and names carry Gluon's process-wide counters: an ensemble's members
+(``hybridsequential9_..``, ``hybridsequential10_..``) sort differently in another
+process. So the file also records each index's structural key (``0.2.weight``) and a
+load maps the states by key (files before 0.4 have none: by index, as saved). Files of
 older versions (``trainer.states``, a pickle) are read by an unpickler that builds only
 MXNet's arrays, optimizers and LR schedulers, and refuses anything else in one line.
 """
@@ -26,10 +32,18 @@ _SAFE_NAMES = {("copyreg", "_reconstructor"), ("builtins", "object"), ("builtins
                ("mxnet.numpy.multiarray", "ndarray"), ("mxnet.context", "Context")}
 
 
-def save_optimizer_state(trainer, directory):
-    """The updater's states and update counts of ``trainer`` into ``directory``. A Trainer
-    that updates on the kvstore's servers (dist_async) keeps them there: MXNet's own
-    (pickled) ``save_states`` is the only way to reach them."""
+def parameter_keys(trainer, net):
+    """The structural key (``net``'s) of each of ``trainer``'s parameters, in its order
+    (its name for one that is not an attribute of its block, which has no such key)."""
+    keys = {id(p): key for key, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
+    return [keys.get(id(p), p.name) for p in trainer._params]  # pylint: disable=protected-access
+
+
+def save_optimizer_state(trainer, directory, keys):
+    """The updater's states and update counts of ``trainer`` into ``directory``, with
+    ``keys`` (``parameter_keys``). A Trainer that updates on the kvstore's servers
+    (dist_async) keeps them there: MXNet's own (pickled) ``save_states`` is the only way
+    to reach them."""
     if trainer._update_on_kvstore:  # pylint: disable=protected-access
         trainer.save_states(os.path.join(directory, LEGACY_PICKLE))
         return
@@ -38,7 +52,7 @@ def save_optimizer_state(trainer, directory):
         layout[str(index)] = _flatten(state, str(index), arrays)
     optimizer = trainer._optimizer  # pylint: disable=protected-access
     counts = optimizer._all_index_update_counts  # pylint: disable=protected-access
-    meta = {"layout": layout, "num_update": optimizer.num_update,  # update counts per device, per parameter
+    meta = {"layout": layout, "keys": keys, "num_update": optimizer.num_update,  # counts per device, per parameter
             "update_counts": {str(d): {str(k): v for k, v in c.items()} for d, c in counts.items()},
             "loss_scaler": loss_scaler_state(trainer)}  # AMP's dynamic loss scale, if any
     nd.save(os.path.join(directory, ARRAYS), arrays)
@@ -70,9 +84,10 @@ def has_optimizer_state(directory):
     return os.path.isfile(os.path.join(directory, LAYOUT)) or os.path.isfile(os.path.join(directory, LEGACY_PICKLE))
 
 
-def load_optimizer_state(trainer, directory):
+def load_optimizer_state(trainer, directory, keys):
     """Restore what ``save_optimizer_state`` wrote (or an older version's pickle, read
-    safely) into ``trainer``: every device's updater, the update counts, the loss scale."""
+    safely) into ``trainer``, whose parameters have ``keys`` (``parameter_keys``): every
+    device's updater, the update counts, the loss scale."""
     if not trainer._kv_initialized:  # pylint: disable=protected-access
         trainer._init_kvstore()  # pylint: disable=protected-access
     if trainer._params_to_init:  # pylint: disable=protected-access
@@ -84,9 +99,10 @@ def load_optimizer_state(trainer, directory):
         with open(os.path.join(directory, LAYOUT)) as f:
             meta = json.load(f)
         arrays = nd.load(os.path.join(directory, ARRAYS))
-        states = {int(i): (lambda l=l: _build(l, arrays)) for i, l in meta["layout"].items()}
+        index = _index_map(meta.get("keys"), keys)
+        states = {index(i): (lambda l=l: _build(l, arrays)) for i, l in meta["layout"].items()}
         num_update = meta["num_update"]
-        counts = {int(d): {int(k): v for k, v in c.items()} for d, c in meta["update_counts"].items()}
+        counts = {int(d): {index(k): v for k, v in c.items()} for d, c in meta["update_counts"].items()}
         load_loss_scaler_state(trainer, meta.get("loss_scaler"))
     else:
         with open(os.path.join(directory, LEGACY_PICKLE), "rb") as f:
@@ -102,6 +118,17 @@ def load_optimizer_state(trainer, directory):
     optimizer.num_update = num_update
     optimizer._all_index_update_counts = counts  # pylint: disable=protected-access
     optimizer._index_update_count = counts.setdefault(0, {})  # pylint: disable=protected-access
+
+
+def _index_map(saved_keys, keys):
+    """Saved index (a string) -> this Trainer's index of the same parameter."""
+    if saved_keys is None:
+        return int
+    now = {key: i for i, key in enumerate(keys)}
+    missing = sorted(set(saved_keys) - set(now))
+    if missing:
+        raise ParamsError(f"optimizer state for parameters the network lacks: {', '.join(missing[:3])}")
+    return lambda i: now[saved_keys[int(i)]]
 
 
 def _copy(state):

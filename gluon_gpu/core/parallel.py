@@ -76,7 +76,7 @@ class DataParallel:
         self.ctx = [device for _, device, _ in net.groups] if self.places_itself else list(ctx)
         self.batch_size = batch_size
         self.accumulate, self.clip_grad = accumulate, clip_grad
-        self.pending_batches, self._pending_samples = 0, 0
+        self.pending_batches, self._pending_samples, self._pending_groups = 0, 0, None
         store = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         kvstore = store.type if store else (kvstore or default_kvstore(self.ctx))
         check_options(self.ctx, kvstore)
@@ -157,8 +157,9 @@ class DataParallel:
     # -- the step -----------------------------------------------------------
     def split(self, data, label, training=True):
         """Per-device shards of a batch; already-split lists pass through unchanged. An
-        ensemble of placed members: in training each device gets its members' columns
-        (axis 1) of the whole batch, in evaluation the home device the whole batch."""
+        ensemble of placed members: in training each group gets its members' columns
+        (axis 1) of the whole batch (a pipeline in turns gives None to the groups whose
+        turn it is not), in evaluation the home device the whole batch."""
         if isinstance(data, (list, tuple)):
             return list(data), list(label)
         if self.places_itself:
@@ -176,11 +177,16 @@ class DataParallel:
         if self.buckets is not None:
             self.buckets.check()
         xs, ys = self.split(data, label)
-        batch_size = xs[0].shape[0] if self.places_itself else sum(x.shape[0] for x in xs)
+        active = [g for g, x in enumerate(xs) if x is not None]  # placed members: the groups stepping
+        if self.places_itself and self.pending_batches and active != self._pending_groups:
+            self._update()  # groups in turns: the last turn's short accumulation ends with it
+        self._pending_groups = active
+        batch_size = xs[active[0]].shape[0] if self.places_itself else sum(x.shape[0] for x in xs)
         with semantics(self.is_np):
             with autograd.record():
-                outs = [self._run(x, y, training=True) for x, y in zip(xs, ys)]
-                with scaled_losses(self.trainer, [loss_sum for loss_sum, _ in outs]) as losses:
+                outs = {g: self._run(xs[g], ys[g], training=True, group=g if self.places_itself else None)
+                        for g in active}
+                with scaled_losses(self.trainer, [loss_sum for loss_sum, _ in outs.values()]) as losses:
                     autograd.backward(losses)  # one call for every device
             if len(xs) < len(self.ctx):
                 self._idle(self.ctx[len(xs):])
@@ -188,11 +194,19 @@ class DataParallel:
             self._pending_samples += batch_size
             if self.pending_batches >= self.accumulate or flush:
                 self._update()
-        self.sums.add([stats for _, stats in outs], batch_size)
+        self.sums.add([outs[g][1] if g in outs else None for g in range(len(xs))], batch_size,
+                      self._members_of(active))
         if not return_loss:
             return None
-        total = nd.add_n(*[nd.sum(l).as_in_context(self.ctx[0]) for l, _ in outs])  # devices' groups may differ
-        return total / (batch_size * self.members)
+        total = nd.add_n(*[nd.sum(l).as_in_context(self.ctx[0]) for l, _ in outs.values()])  # groups may differ
+        return total / (batch_size * len(self._members_of(active)))
+
+    def _members_of(self, groups):
+        """The ensemble members that ``groups`` (indices into the placed groups) train;
+        any other network: all of its ``members``."""
+        if not self.places_itself:
+            return list(range(self.members))
+        return [first + j for first, _, group in (self.net.groups[g] for g in groups) for j in range(len(group.nets))]
 
     def _update(self):
         """Exchange the gradients, clip them, update every replica, and (accumulating)
@@ -211,7 +225,7 @@ class DataParallel:
             self.trainer.allreduce_grads()
         if self.clip_grad:  # the gradients carry the scale of the batch and of the loss
             self._clip(self.clip_grad * scale * loss_scale(self.trainer))
-        self.trainer.update(scale)
+        self.trainer.update(scale)  # placed members: those that stepped (MemberTrainer)
         if self.accumulate > 1:
             self._zero_grads(self.ctx)
 
@@ -220,7 +234,7 @@ class DataParallel:
         hold the same sums after the exchange, so they stay identical. Placed members:
         each member's own norm, as it would be clipped alone. No host sync."""
         if self.places_itself:
-            for member in self.net.nets:
+            for member in (self.net.nets[k] for k in self._members_of(self._pending_groups)):
                 grads = [legacy(p.list_grad()[0]) for p in member.collect_params().values() if p.grad_req != "null"]
                 gluon.utils.clip_global_norm(grads, max_norm, check_isfinite=False)
             return
@@ -231,9 +245,10 @@ class DataParallel:
     def _trained(self):
         return [p for p in self.net.collect_params().values() if p.grad_req != "null"]
 
-    def _run(self, x, y, training):
-        """One shard through its cached graph; legacy outputs whatever the model's API."""
-        graph = self._graph(x.shape, training, x.context)
+    def _run(self, x, y, training, group=None):
+        """One shard through its cached graph (placed members: ``group``'s); legacy
+        outputs whatever the model's API."""
+        graph = self._graph(x.shape, training, group)
         out = graph(to_api(x, self.is_np), to_api(y, self.is_np))
         return tuple(legacy(o) for o in out) if training else legacy(out)
 
@@ -245,9 +260,9 @@ class DataParallel:
     def read_metrics(self, reset=True):
         """``{'loss', <metric>..., 'samples'}`` means since the last reset: the one host
         sync. Ensembles: the means over members, and ``member_<name>`` lists."""
-        vector, samples = self.sums.total(), self.sums.samples
+        vector, samples = self.sums.total(), self.sums.seen
         if self._sync:  # every worker calls this at the same steps: sum the sums over workers
-            vector, samples = self._allreduce(vector, samples)
+            vector, samples = self._allreduce(vector, self.sums.samples)
         if reset:
             self.sums.reset()
         return report(vector, samples, self.names, self.members)
@@ -326,17 +341,17 @@ class DataParallel:
         return result
 
     # -- internals ------------------------------------------------------------
-    def _graph(self, shape, training, device):
+    def _graph(self, shape, training, group=None):
         """One hybridized graph per (input shape, mode), all sharing the net's parameters,
         so a last partial batch gets its own cached graph instead of re-planning the
-        full-batch one every epoch. Placed members train in one graph per device, over
-        that device's group; its figures land in the group's member slots."""
-        key = (tuple(shape), training, device if self.places_itself else None)
+        full-batch one every epoch. Placed members train in one graph per ``group``; its
+        figures land in the group's member slots."""
+        key = (tuple(shape), training, group)
         graph = self._graphs.get(key)
         if graph is None:
             net, members, slots = self.net, self.members, None
-            if self.places_itself and training:
-                first, net = next((f, g) for f, d, g in self.net.groups if d == device)
+            if group is not None:
+                first, _, net = self.net.groups[group]
                 members, slots = len(net.nets), (first, self.members)
             graph = make_step_graph(net, self.head, self.transform, self.precision, members,
                                     self.is_np, training, slots)
@@ -379,10 +394,24 @@ class MemberTrainer(gluon.Trainer):
     """The Trainer of an ensemble whose members live on different devices, each member's
     parameters on one. ``gluon.Trainer`` asserts that all parameters share one device
     list, which only its kvstore needs; with none, its one updater updates every
-    parameter where it lives, which is what independent members want."""
+    parameter where it lives, which is what independent members want.
+
+    An update updates the members that stepped (fresh gradients) only: members in turns
+    step one at a time. The learning-rate schedule reads the optimizer's ``num_update``,
+    the most updates of any parameter so far; here it is the count of the parameters
+    being updated, so each member follows its own schedule as it would alone."""
 
     def _check_contexts(self):
         return self._params[0].list_ctx()[:1] if self._params else []
+
+    def update(self, batch_size, ignore_stale_grad=False):
+        optimizer = self._optimizer
+        fresh = [i for i, p in enumerate(self._params)
+                 if p.grad_req != "null" and p.list_data()[0]._fresh_grad]  # pylint: disable=protected-access
+        counts = optimizer._index_update_count  # pylint: disable=protected-access
+        optimizer.num_update = max((counts.get(i, optimizer.begin_num_update) for i in fresh),
+                                   default=optimizer.num_update)
+        super().update(batch_size, ignore_stale_grad=True)
 
     def _init_kvstore(self):
         self._kvstore, self._update_on_kvstore, self._distributed = None, False, False

@@ -29,16 +29,20 @@ class DevicePipeline:
     ``epoch(e)`` yields ``(data_shards, label_shards)``, one shard per device used, cut
     by ``shard_bounds``. With ``members=K`` (an ensemble) member k draws its own order from
     seed ``seed + k`` and shards gain a member axis after the batch axis: member k's
-    samples in column k. ``member_groups=[(first, count)]``, one per device: every
-    device gets the whole batch of its members' columns instead of a slice of the
-    samples (an ensemble whose members live on different devices).
+    samples in column k. ``member_groups=[(first, count)]``, one per entry of ``ctx``:
+    every group gets the whole batch of its members' columns instead of a slice of the
+    samples (an ensemble whose members live on different devices). ``in_turns``: the
+    groups take turns, each its whole epoch (group 0's batches, then group 1's...), and a
+    batch holds None for every group but the one whose turn it is (the ``sequential``
+    ensemble layout).
     """
 
     def __init__(self, inputs, targets, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1),
-                 member_groups=None):
+                 member_groups=None, in_turns=False):
         self.n, self.batch_size, self.ctx = len(inputs), batch_size, list(ctx)
         self.seed, self.shuffle, self.members = seed, shuffle, members
         self.member_groups = member_groups
+        self.turns = len(member_groups) if in_turns else 1
         self.rank, self.workers = shard
         if self.workers > 1:  # equal steps on every worker: whole global batches only
             self.n -= self.n % (batch_size * self.workers)
@@ -46,11 +50,13 @@ class DevicePipeline:
                 raise UserError(f"{len(inputs)} samples do not fill one global batch of "
                                 f"{batch_size} x {self.workers} workers")
         dtype = "uint8" if inputs.dtype == np.uint8 else "float32"
-        self._inputs = [nd.array(inputs, ctx=c, dtype=dtype) for c in self.ctx]
-        self._targets = [nd.array(targets, ctx=c, dtype="float32") for c in self.ctx]
+        stored = {c: (nd.array(inputs, ctx=c, dtype=dtype), nd.array(targets, ctx=c, dtype="float32"))
+                  for c in dict.fromkeys(self.ctx)}  # once per device, however many groups live there
+        self._inputs, self._targets = ([stored[c][i] for c in self.ctx] for i in (0, 1))
 
     def __len__(self):
-        return -(-self.n // (self.batch_size * self.workers))
+        """Batches the loop steps through in one epoch (every turn's)."""
+        return self.turns * -(-self.n // (self.batch_size * self.workers))
 
     def epoch(self, epoch, start_batch=0):
         """Batches of epoch ``epoch``, from batch ``start_batch`` on (to resume mid-epoch).
@@ -65,17 +71,21 @@ class DevicePipeline:
         if self.members == 1:
             order = order[:, 0]
         # The epoch's order goes to every device once; a batch is then views of it: no copy per batch.
-        on_device = [nd.array(order, ctx=c, dtype="int32") for c in self.ctx]
+        on_device = {c: nd.array(order, ctx=c, dtype="int32") for c in dict.fromkeys(self.ctx)}
         step = self.batch_size * self.workers
-        for start in range(start_batch * step, self.n, step):
-            lo = min(start + self.rank * self.batch_size, self.n)
+        per_turn = len(self) // self.turns
+        for position in range(start_batch, len(self)):
+            turn, batch = divmod(position, per_turn)
+            lo = min(batch * step + self.rank * self.batch_size, self.n)
             hi = min(lo + self.batch_size, self.n)
             if self.member_groups:
-                shards = [idx[lo:hi, first:first + count] for (first, count), idx in zip(self.member_groups, on_device)]
+                shards = [on_device[c][lo:hi, first:first + count] if self.turns == 1 or g == turn else None
+                          for g, ((first, count), c) in enumerate(zip(self.member_groups, self.ctx))]
             else:
-                shards = [idx[lo + a:lo + b] for (a, b), idx in zip(shard_bounds(hi - lo, len(self.ctx)), on_device)]
-            yield ([x.take(i) for x, i in zip(self._inputs, shards)],
-                   [y.take(i) for y, i in zip(self._targets, shards)])
+                shards = [on_device[c][lo + a:lo + b]
+                          for (a, b), c in zip(shard_bounds(hi - lo, len(self.ctx)), self.ctx)]
+            yield ([None if i is None else x.take(i) for x, i in zip(self._inputs, shards)],
+                   [None if i is None else y.take(i) for y, i in zip(self._targets, shards)])
 
 
 class _EpochSampler(gluon.data.Sampler):
@@ -102,6 +112,8 @@ class LoaderPipeline:
     ``(input, target)`` samples), in :func:`epoch_order`; yields host batches that the
     step cuts over the devices."""
 
+    turns = 1
+
     def __init__(self, dataset, batch_size, seed=0, shuffle=True, num_workers=0):
         self.n = len(dataset)
         self._sampler = _EpochSampler(self.n, batch_size, seed, shuffle)
@@ -119,7 +131,7 @@ PIPELINES = ("device", "loader")
 
 
 def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
-                  members=1, shard=(0, 1), member_groups=None):
+                  members=1, shard=(0, 1), member_groups=None, in_turns=False):
     """The ``kind`` pipeline over arrays ``inputs`` and ``targets``."""
     if kind == "loader":
         if members > 1:
@@ -128,4 +140,4 @@ def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, 
             raise UserError("a distributed kvstore needs --pipeline device")
         dataset = gluon.data.ArrayDataset(inputs, targets.astype(np.float32))
         return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers)
-    return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard, member_groups)
+    return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard, member_groups, in_turns)

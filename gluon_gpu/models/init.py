@@ -87,7 +87,7 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
     nets = [init_model(model, seed + k, [devices[k]], input_shape, outputs, fused_conv=fused_conv)
             if isinstance(model, str) else init_model(model(), seed + k, [devices[k]], input_shape)
             for k in range(members)]
-    return MemberStack(nets, devices, input_shape[0], hybridize)
+    return MemberStack(nets, devices, input_shape[0], hybridize, in_turns=layout == "sequential")
 
 
 def member_factory(model, input_shape, outputs):
@@ -97,19 +97,21 @@ def member_factory(model, input_shape, outputs):
 
 def ensemble_layout(layout, model, ctx):
     """The members' layout for ``--ensemble-layout``: ``auto`` gives each device its own
-    members (``devices``) on several devices, and on one device the members side by side
-    (``separate``): the layouts the benchmark found fastest (README "Seed-parallel
-    ensembles"). ``fused`` is LeNet's grouped network (ensemble.py); other models are
-    refused naming the first layer it has no fused form of."""
+    members (``devices``) on several devices, and on one device trains the members in
+    turns (``sequential``): on CPU contexts the benchmark found every layout that runs
+    members side by side on one device slower than one after another (README
+    "Seed-parallel ensembles"); on one GPU nothing was measured, and ``sequential`` is
+    the layout that cannot be slower. ``fused`` is LeNet's grouped network (ensemble.py);
+    other models are refused naming the first layer it has no fused form of."""
     if layout not in LAYOUTS:
         raise UserError(f"unknown --ensemble-layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
     if layout == "auto":
-        return "devices" if len(ctx) > 1 else "separate"
+        return "devices" if len(ctx) > 1 else "sequential"
     if layout == "fused" and model != "lenet":
         from .ensemble import unfusable_layer
         why = (f"{model} cannot be fused: {unfusable_layer(model)}" if isinstance(model, str)
                else "a network of your own cannot be fused")
         raise UserError(f"--ensemble-layout fused: {why}; fused "
                         "ensembles exist for lenet (grouped Conv2D, max-pool, batched Dense): use "
-                        "--ensemble-layout devices or separate")
+                        "--ensemble-layout devices, separate or sequential")
     return layout

@@ -4,19 +4,22 @@ Member k is an ordinary network (LeNet, a zoo network, a user's block) with its 
 parameters, initialized as ``--seed seed+k`` alone initializes it, on one device: with
 the layout ``devices`` the members are dealt out over D devices in contiguous runs
 (K not a multiple of D: the first K mod D devices hold one member more; K < D: D - K
-devices idle), with ``separate`` every member lives on the first device. Members are
-independent: no gradient crosses devices.
+devices idle), with ``separate`` and ``sequential`` every member lives on the first
+device. Members are independent: no gradient crosses devices.
 
 The members of one device form a :class:`MemberGroup`, one hybridizable block: in
-training DataParallel runs one step graph per device over its group, fed that device's
-members' columns of each batch (``pipeline_layout``); K graphs called one by one cost
-more per member (README "Seed-parallel ensembles"). The stack itself, with the fused
+training DataParallel runs one step graph per group, fed its members' columns of each
+batch (``pipeline_layout``); K graphs called one by one, batch by batch, cost more per
+member (README "Seed-parallel ensembles"). ``sequential`` makes each member a group of
+its own and the groups take turns, each its whole epoch: one member's buffers at a time,
+as when the members train one after another. The stack itself, with the fused
 EnsembleLeNet's contract (input ``(B, K*C, ...)``, member k's sample in channels k*C..;
 output ``(B, K, outputs)``), evaluates and predicts on its home device. Its parameter
 keys are ``<k>.<the member's own key>`` whatever the grouping, so a run may resume on
 another device count.
 """
 import os
+from collections import namedtuple
 
 import mxnet as mx
 from mxnet import gluon, nd
@@ -24,7 +27,7 @@ from mxnet import gluon, nd
 from ..core.errors import UserError
 from ..core.modes import legacy, model_is_np, semantics, to_api
 
-LAYOUTS = ("auto", "devices", "fused", "separate")
+LAYOUTS = ("auto", "devices", "fused", "separate", "sequential")
 MAX_RANDOM_STATES = 72  # see cpu_settings
 
 
@@ -49,16 +52,16 @@ class MemberGroup(gluon.HybridBlock):
 class MemberStack(gluon.Block):
     """``nets[k]`` on ``devices[k]`` (initialized there already; members of one device
     contiguous). ``places_itself``: DataParallel leaves the members where they are and
-    feeds the stack on ``home``."""
+    feeds the stack on ``home``. ``in_turns``: a group per member, trained in turns."""
 
     places_itself = True
 
-    def __init__(self, nets, devices, channels, hybridize=True, **kwargs):
+    def __init__(self, nets, devices, channels, hybridize=True, in_turns=False, **kwargs):
         super().__init__(**kwargs)
-        self.members, self.channels, self.home = len(nets), channels, devices[0]
+        self.members, self.channels, self.home, self.in_turns = len(nets), channels, devices[0], in_turns
         self.groups = []  # (first member, device, group)
         for k, (net, device) in enumerate(zip(nets, devices)):
-            if not self.groups or self.groups[-1][1] != device:
+            if not self.groups or self.groups[-1][1] != device or in_turns:
                 self.groups.append((k, device, []))
             self.groups[-1][2].append(net)
         with semantics(model_is_np(nets[0])):
@@ -97,7 +100,7 @@ class MemberStack(gluon.Block):
 
 def member_devices(members, devices, layout):
     """The device of each member: contiguous runs over ``devices`` (``devices``; the
-    first K mod D devices one member more) or all on the first (``separate``)."""
+    first K mod D devices one member more) or all on the first (the other layouts)."""
     if layout != "devices":
         return [devices[0]] * members
     d = len(devices)
@@ -142,7 +145,7 @@ def check_memory(make_net, members, devices, layout, input_shape, batch_size):
     device (CPU contexts share the host's memory) x ``member_bytes`` against the free
     memory (UserError, one line)."""
     per_member = member_bytes(make_net, input_shape, batch_size)
-    if devices[0].device_type == "cpu" or layout == "separate":
+    if devices[0].device_type == "cpu" or layout in ("separate", "sequential"):
         loads = {devices[0]: members}
     else:  # fused: every device holds every member; devices: its run of members
         placed = member_devices(members, devices, "devices")
@@ -156,15 +159,19 @@ def check_memory(make_net, members, devices, layout, input_shape, batch_size):
                             "train fewer members at once, or a smaller --batch-size")
 
 
+PipelineLayout = namedtuple("PipelineLayout", "train_ctx member_groups eval_ctx in_turns")
+
+
 def pipeline_layout(net, ctx):
-    """Where a DevicePipeline feeds ``net`` on ``ctx`` from: ``(training devices,
-    member_groups, evaluation devices)``. A MemberStack trains each device's group on
-    its members' columns of whole batches and evaluates on its home device; any other
-    network takes a slice of the samples on every device."""
+    """Where a DevicePipeline feeds ``net`` on ``ctx`` from: a PipelineLayout of the
+    training devices, the member groups, the evaluation devices and whether the groups
+    train in turns. A MemberStack trains each group on its members' columns of whole
+    batches and evaluates on its home device; any other network takes a slice of the
+    samples on every device."""
     if not getattr(net, "places_itself", False):
-        return ctx, None, ctx
-    return ([device for _, device, _ in net.groups], [(first, len(group.nets)) for first, _, group in net.groups],
-            [net.home])
+        return PipelineLayout(ctx, None, ctx, False)
+    return PipelineLayout([device for _, device, _ in net.groups],
+                          [(first, len(group.nets)) for first, _, group in net.groups], [net.home], net.in_turns)
 
 
 def cpu_settings(members, model="lenet", fused_conv="auto"):

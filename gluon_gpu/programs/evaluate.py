@@ -44,7 +44,7 @@ def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_
     net = load_model(path, ctx, model, input_shape=spec.input_shape, outputs=spec.outputs, fused_conv=fused_conv)
     members = getattr(net, "members", 1)
     dp = DataParallel(net, ctx, head=head_for(spec.task, spec.outputs), transform=spec.transform(members))
-    eval_ctx = pipeline_layout(net, ctx)[2]  # an ensemble of placed members: its home device
+    eval_ctx = pipeline_layout(net, ctx).eval_ctx  # an ensemble of placed members: its home device
     return dp.evaluate(DevicePipeline(data.val_x, data.val_y, batch_size, eval_ctx, shuffle=False,
                                       members=members).epoch(0))
 

@@ -58,16 +58,16 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     if placed and config.sync_bn:
         raise UserError(f"--sync-bn: with --ensemble-layout {config.ensemble_layout} every member trains on whole "
                         "batches on one device, so its BatchNorm has nothing to synchronize; leave --sync-bn out")
-    train_ctx, groups, val_ctx = pipeline_layout(net, ctx)
+    layout = pipeline_layout(net, ctx)
     synced = use_sync_batchnorm(net, len(ctx)) if config.sync_bn else 0
     if config.sync_bn:
         _check_sync_bn_batches(len(data.train_y), config.batch_size * shard[1], len(ctx))
     pipes = [make_pipeline(config.pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train,
                            num_workers=config.num_workers, members=config.ensemble, shard=shard if train else (0, 1),
-                           member_groups=groups if train else None)
-             for x, y, train, pipe_ctx in ((data.train_x, data.train_y, True, train_ctx),
-                                           (data.val_x, data.val_y, False, val_ctx))]
-    updates_per_epoch = -(-len(pipes[0]) // config.accumulate)
+                           member_groups=layout.member_groups if train else None, in_turns=train and layout.in_turns)
+             for x, y, train, pipe_ctx in ((data.train_x, data.train_y, True, layout.train_ctx),
+                                           (data.val_x, data.val_y, False, layout.eval_ctx))]
+    updates_per_epoch = -(-len(pipes[0]) // pipes[0].turns // config.accumulate)  # each member's, in turns too
     dp = DataParallel(net, ctx, config.optimizer, optimizer_params(config, updates_per_epoch),
                       kvstore=store or config.kvstore, head=head_for(spec.task, spec.outputs),
                       transform=spec.transform(config.ensemble), hybridize=config.hybridize,

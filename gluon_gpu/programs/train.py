@@ -128,8 +128,9 @@ def cpu_threads(ctx):
 class Checkpointer:
     """Callback: a checkpoint every ``--save-period`` epochs and at the end (see checkpoint.py)."""
 
-    def __init__(self, out, dp, record, config):
+    def __init__(self, out, dp, record, config, turns=1):
         self.out, self.dp, self.record, self.config = out, dp, record, config
+        self.turns = turns  # an epoch's batches: members in turns (sequential layout) or together
         self.chief = dp.rank == 0  # in a distributed job only rank 0 writes
         self.last = None
 
@@ -140,7 +141,7 @@ class Checkpointer:
         metrics = self.dp.metric_state()  # synchronous workers: a sum over all of them
         if not self.chief:
             return None
-        state = {"epoch": epoch, "batch": batch, "workers": self.dp.num_workers,
+        state = {"epoch": epoch, "batch": batch, "workers": self.dp.num_workers, "turns": self.turns,
                  "seconds": seconds, "metrics": metrics, "history": history, **self.record}
         self.last = save_checkpoint(self.out, self.dp, state, self.config.keep)
         return self.last
@@ -176,9 +177,16 @@ def plan_line(config, run, ctx, out):
     task = (f"{len(spec.classes)} classes" if spec.task == "classify" else f"regression of {spec.outputs}")
     return (f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers}{cpu_threads(ctx)} | "
             f"{exchange_plan(dp, config, ctx)} | batch {config.batch_size} "
-            f"({'whole, to every member' if dp.places_itself else f'{config.batch_size // len(ctx)}+ per device'}) | "
+            f"({batch_plan(dp, run.train, config.batch_size, ctx)}) | "
             f"{spec.dataset} "
             f"{'x'.join(map(str, spec.input_shape))}, {task}, {run.train.n} samples from {spec.source} | out {out}")
+
+
+def batch_plan(dp, pipeline, batch_size, ctx):
+    """Who gets each batch, for the plan line."""
+    if not dp.places_itself:
+        return f"{batch_size // len(ctx)}+ per device"
+    return "whole, to each member in turn" if pipeline.turns > 1 else "whole, to every member"
 
 
 def upgrade_metric_state(metrics, width):
@@ -254,6 +262,12 @@ def resume_point(out, run, config, chief, monitor):
             skip(directory, f"{dp.num_workers} workers cannot continue exactly from its position (epoch "
                             f"{state['epoch'] + 1}, global batch {state['batch']} of {workers} workers)")
             continue
+        turns = state.get("turns", 1)
+        if batch and turns != run.train.turns:
+            skip(directory, f"it stopped inside epoch {state['epoch'] + 1} with the members training "
+                            f"{'in turns' if turns > 1 else 'together'}, and this run's ensemble layout trains them "
+                            f"{'in turns' if run.train.turns > 1 else 'together'}: it can go on from an epoch's end")
+            continue
         try:
             load_checkpoint(directory, dp, adapt_keys(config.model, config.ensemble))
             dp.load_metric_state(upgrade_metric_state(state["metrics"], dp.sums.width))
@@ -303,7 +317,7 @@ def _train(config, ctx, out, run, start, chief, resumed, progress, monitor):
     header = {**record, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
               "fused_conv": is_fused(dp.net), "mxnet": mx.__version__, "gluon_gpu": __version__}
     callbacks = chief_callbacks(config, run, out, header, monitor, start[:2] if resumed else None) if chief else []
-    checkpointer = Checkpointer(out, dp, record, config)
+    checkpointer = Checkpointer(out, dp, record, config, run.train.turns)
     last_good = _KeepLastGood(dp.net, start[0])
     stop = StopFlag()
     try:
