@@ -10,9 +10,9 @@ Input ``(B, K*C, H, W)`` (member k's image in channels k*C..), output ``(B, K, o
 """
 import mxnet as mx
 from mxnet import gluon, nd
-from mxnet.gluon import nn
 
 from ..core.modes import forward_zeros, legacy, model_is_np, to_api
+from .fused_members import FusedMembers, extract
 from .lenet import conv_stages, lenet
 
 _CONVS = (("0", 6, 5), ("2", 16, 3))          # LeNet child index, channels, kernel
@@ -100,12 +100,14 @@ def combine_members(nets, ctx=None, fused=False, input_shape=(1, 28, 28)):
 def extract_member(ens, k, ctx=None, input_shape=(1, 28, 28)):
     """An ordinary network with member ``k``'s parameters: savable, loadable, evaluable;
     ``input_shape``: one member's (C, H, W). A MemberStack's member is that network
-    itself (it shares its parameters); a fused LeNet's is a copy."""
+    itself (it shares its parameters); a fused ensemble's is a copy."""
     if not 0 <= k < ens.members:
         raise IndexError(f"member {k} of an ensemble of {ens.members}")
     if getattr(ens, "places_itself", False):
         return ens.nets[k]
     first = next(iter(ens.collect_params().values()))
+    if isinstance(ens, FusedMembers):
+        return extract(ens, k, ctx or first.list_ctx())
     ctx = ctx or first.list_ctx()
     net = lenet(ens.outputs, ens.channels)
     net.initialize(ctx=ctx)
@@ -120,21 +122,3 @@ def extract_member(ens, k, ctx=None, input_shape=(1, 28, 28)):
             value = value[k].reshape(targets[name].shape)
         targets[name].set_data(to_api(value, model_is_np(net)))
     return net
-
-
-_FUSABLE = (nn.Conv2D, nn.Dense, nn.MaxPool2D, nn.Activation, nn.Flatten)
-
-
-def unfusable_layer(model, outputs=10, channels=1):
-    """Why ``model``'s ensemble has no fused form: ``'its layer features.1 (BatchNorm) has
-    none'`` for the first layer of a kind the fused ensemble lacks, else that only LeNet's
-    layer sequence is built fused."""
-    from .zoo import get_model
-    stack = [("", get_model(model, outputs, channels))]
-    while stack:
-        path, block = stack.pop(0)
-        children = list(block._children.items())  # pylint: disable=protected-access
-        if not children and not isinstance(block, _FUSABLE):
-            return f"its layer {path or model} ({type(block).__name__}) has no fused form"
-        stack[:0] = [(f"{path}.{name}" if path else name, child) for name, child in children]
-    return "only LeNet's sequence of layers is built fused"

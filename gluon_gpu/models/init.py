@@ -80,9 +80,13 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
     if batch_size:
         check_memory(member_factory(model, input_shape, outputs), members, ctx, layout, input_shape, batch_size)
     if layout == "fused":
-        from .ensemble import combine_members
-        nets = [init_model(model, seed + k, ctx, input_shape, outputs, fused_conv="off") for k in range(members)]
-        return combine_members(nets, ctx, fused_for(model, ctx, fused_conv), input_shape)
+        nets = [init_model(model, seed + k, ctx, input_shape, outputs, fused_conv="off") if isinstance(model, str)
+                else init_model(model(), seed + k, ctx, input_shape) for k in range(members)]
+        if model == "lenet":
+            from .ensemble import combine_members
+            return combine_members(nets, ctx, fused_for(model, ctx, fused_conv), input_shape)
+        from .fused_members import fuse
+        return fuse(nets, member_factory(model, input_shape, outputs), ctx, input_shape)
     devices = member_devices(members, ctx, layout)
     nets = [init_model(model, seed + k, [devices[k]], input_shape, outputs, fused_conv=fused_conv)
             if isinstance(model, str) else init_model(model(), seed + k, [devices[k]], input_shape)
@@ -101,17 +105,19 @@ def ensemble_layout(layout, model, ctx):
     turns (``sequential``): on CPU contexts the benchmark found every layout that runs
     members side by side on one device slower than one after another (README
     "Seed-parallel ensembles"); on one GPU nothing was measured, and ``sequential`` is
-    the layout that cannot be slower. ``fused`` is LeNet's grouped network (ensemble.py);
-    other models are refused naming the first layer it has no fused form of."""
+    the layout that cannot be slower. ``fused``: one network of all members, layer by
+    layer (LeNet's in ensemble.py, any other's in fused_members.py); a network with a
+    layer of a kind it has no fused form of is refused naming that layer."""
     if layout not in LAYOUTS:
         raise UserError(f"unknown --ensemble-layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
     if layout == "auto":
         return "devices" if len(ctx) > 1 else "sequential"
     if layout == "fused" and model != "lenet":
-        from .ensemble import unfusable_layer
-        why = (f"{model} cannot be fused: {unfusable_layer(model)}" if isinstance(model, str)
-               else "a network of your own cannot be fused")
-        raise UserError(f"--ensemble-layout fused: {why}; fused "
-                        "ensembles exist for lenet (grouped Conv2D, max-pool, batched Dense): use "
-                        "--ensemble-layout devices, separate or sequential")
+        from .fused_members import unfusable_layer
+        why = unfusable_layer(member_factory(model, (1, 28, 28), 10)())
+        if why:
+            name = model if isinstance(model, str) else "your network"
+            raise UserError(f"--ensemble-layout fused: {name} cannot be fused: {why}; the fused layout takes "
+                            "convolutions, BatchNorm and Dense layers: use --ensemble-layout devices, separate "
+                            "or sequential")
     return layout

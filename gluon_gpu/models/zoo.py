@@ -42,13 +42,14 @@ def model_for(name, input_shape):
 
 def get_model(name="lenet", outputs=10, channels=1, members=1, fused=False):
     """A fresh, uninitialized network by name: 'lenet' or a gluoncv zoo name; ``members
-    > 1``: an EnsembleLeNet of that many members. ``fused``: LeNet (or the ensemble) with
+    > 1``: the fused ensemble of that many members (EnsembleLeNet, else FusedMembers). ``fused``: LeNet (or the ensemble) with
     the fused conv operator (other networks ignore it). Zoo networks pool globally with
     a mean (``blocks.use_mean_pooling``)."""
     check_model_name(name)
     if members > 1:
         if name != "lenet":
-            raise UserError(f"--ensemble supports lenet only, not {name}")
+            from .fused_members import FusedMembers
+            return FusedMembers(lambda: get_model(name, outputs, channels), members)
         from .ensemble import EnsembleLeNet
         return EnsembleLeNet(members, fused, channels, outputs)
     if name == "lenet":
