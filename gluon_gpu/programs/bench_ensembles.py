@@ -4,8 +4,10 @@ after another.
 For every ``--devices`` spec and ``--ensemble-layout``, each ensemble size K trains
 ``--epochs`` epochs; its member-samples/s (K x samples per second) is compared with K
 members trained one after another, that is K x the K=1 epoch on the first spec (one
-device), measured in the same invocation. Writes a table, ``OUT/bench.json`` and
-``OUT/ensemble.png`` (speedup against K, a line per spec and layout).
+device). The K=1 epochs it is compared with are timed right before it: this machine's
+speed drifts by 10-20% between minutes, which a baseline timed once at the start would
+put into every ratio. Writes a table, ``OUT/bench.json`` and ``OUT/ensemble.png``
+(speedup against K, a line per spec and layout).
 """
 import os
 
@@ -37,17 +39,19 @@ def plan(args, model):
 
 def bench_ensembles(args, bar, data, runs):
     model = model_for(args.model, data.spec.input_shape)
-    rows = []
+    rows, single = [], None
     for spec, asked, resolved, k in runs:
+        if k > 1:  # K=1 again, just before: the ratio's two sides a minute apart at most
+            alone, info = time_ours(args, runs[0][0], bar, data)
+            single = summarize("", alone, info["samples"], info["devices"])["median_epoch_s"]
         timed, info = time_ours(args, spec, bar, data, members=k, layout=resolved)
         name = f"{spec} K={k}" + (f" {resolved}" + (" (auto)" if asked == "auto" else "") if k > 1 else "")
         row = summarize(name, timed, info["samples"], info["devices"])
+        single = single or row["median_epoch_s"]
         row.update(spec=spec, layout=resolved, auto=asked == "auto", members=k, model=model,
-                   member_samples_per_s=row["samples_per_s"] * k)
+                   member_samples_per_s=row["samples_per_s"] * k, one_by_one_epoch_s=k * single,
+                   speedup_vs_one_by_one=k * single / row["median_epoch_s"])
         rows.append(row)
-    single = rows[0]["median_epoch_s"]
-    for row in rows:
-        row["speedup_vs_one_by_one"] = row["members"] * single / row["median_epoch_s"]
     return rows
 
 
@@ -55,7 +59,8 @@ def format_ensemble_table(rows):
     columns = [("ensemble", 30, lambda r: r["name"]), *TIMES,
                ("member-samples/s", 18, figure("member_samples_per_s", ".0f")),
                ("vs one by one", 15, figure("speedup_vs_one_by_one", ".2f", "x"))]
-    return text_table(columns, rows, f"{rows[0]['model']}: K members against K x the K=1 epoch on {rows[0]['spec']}")
+    return text_table(columns, rows, f"{rows[0]['model']}: K members against K x the K=1 epoch on {rows[0]['spec']} "
+                                     "(timed just before each row)")
 
 
 def plot_ensembles(rows, path):
@@ -82,7 +87,7 @@ def plot_ensembles(rows, path):
 def run_ensembles(args):
     data = load_dataset(data_dir=args.data_dir, limit=args.limit)
     runs = plan(args, model_for(args.model, data.spec.input_shape))
-    with tqdm(total=args.epochs * args.repeats * len(runs), desc="bench", unit="epoch",
+    with tqdm(total=args.epochs * args.repeats * (2 * len(runs) - 1), desc="bench", unit="epoch",
               disable=not progress_enabled(args)) as bar:
         rows = bench_ensembles(args, bar, data, runs)
     rss = peak_rss_mib()[0]
