@@ -124,11 +124,10 @@ class DataParallel:
         # Every device updates its own replica from the summed gradients (dist_async can
         # only update on the servers): the same kernels with buckets or without, so the two
         # give the same numbers, and a checkpoint may resume under either.
-        trainer = MemberTrainer if self.places_itself else gluon.Trainer
-        self.trainer = trainer(net.collect_params(), optimizer, params,
-                               kvstore=self.kvstore if exchange and not self.bucketing and not self.places_itself
-                               else None,
-                               update_on_kvstore=None if kvstore == "dist_async" else False)
+        kvstore_options = {"kvstore": self.kvstore if exchange and not self.bucketing and not self.places_itself
+                           else None, "update_on_kvstore": None if kvstore == "dist_async" else False}
+        self.trainer = (MemberTrainer(net.nets, optimizer, params, **kvstore_options) if self.places_itself
+                        else gluon.Trainer(net.collect_params(), optimizer, params, **kvstore_options))
         init_loss_scaling(self.precision, self.trainer)  # AMP needs update_on_kvstore=False, as here
         self.names = self.head.names
         self.sums = DeviceSums(self.ctx, (1 + len(self.names)) * self.members, self.members)
@@ -225,7 +224,10 @@ class DataParallel:
             self.trainer.allreduce_grads()
         if self.clip_grad:  # the gradients carry the scale of the batch and of the loss
             self._clip(self.clip_grad * scale * loss_scale(self.trainer))
-        self.trainer.update(scale)  # placed members: those that stepped (MemberTrainer)
+        if self.places_itself:
+            self.trainer.update_members(scale, self._members_of(self._pending_groups))
+        else:
+            self.trainer.update(scale)
         if self.accumulate > 1:
             self._zero_grads(self.ctx)
 
@@ -391,27 +393,32 @@ class DataParallel:
 
 
 class MemberTrainer(gluon.Trainer):
-    """The Trainer of an ensemble whose members live on different devices, each member's
-    parameters on one. ``gluon.Trainer`` asserts that all parameters share one device
-    list, which only its kvstore needs; with none, its one updater updates every
-    parameter where it lives, which is what independent members want.
+    """The Trainer of an ensemble's members (``nets``), which live on different devices,
+    each member's parameters on one. ``gluon.Trainer`` asserts that all parameters share
+    one device list, which only its kvstore needs; with none, its one updater updates
+    every parameter where it lives, which is what independent members want.
 
-    An update updates the members that stepped (fresh gradients) only: members in turns
-    step one at a time. The learning-rate schedule reads the optimizer's ``num_update``,
-    the most updates of any parameter so far; here it is the count of the parameters
-    being updated, so each member follows its own schedule as it would alone."""
+    ``update_members`` updates the members that stepped: members in turns step one at a
+    time. The learning-rate schedule reads the optimizer's ``num_update``, the most
+    updates of any parameter so far; here it is the count of the members being updated,
+    so each member follows its own schedule as it would alone."""
+
+    def __init__(self, nets, optimizer, optimizer_params=None, **kwargs):
+        params = {p.name: p for net in nets for p in net.collect_params().values()}
+        super().__init__(params, optimizer, optimizer_params, **kwargs)
+        index = {id(p): i for i, p in enumerate(self._params)}
+        self._member_params = [[index[id(p)] for p in net.collect_params().values() if p.grad_req != "null"]
+                               for net in nets]
 
     def _check_contexts(self):
         return self._params[0].list_ctx()[:1] if self._params else []
 
-    def update(self, batch_size, ignore_stale_grad=False):
+    def update_members(self, batch_size, members):
         optimizer = self._optimizer
-        fresh = [i for i, p in enumerate(self._params)
-                 if p.grad_req != "null" and p.list_data()[0]._fresh_grad]  # pylint: disable=protected-access
         counts = optimizer._index_update_count  # pylint: disable=protected-access
-        optimizer.num_update = max((counts.get(i, optimizer.begin_num_update) for i in fresh),
-                                   default=optimizer.num_update)
-        super().update(batch_size, ignore_stale_grad=True)
+        optimizer.num_update = max(counts.get(i, optimizer.begin_num_update)
+                                   for k in members for i in self._member_params[k])
+        self.update(batch_size, ignore_stale_grad=True)
 
     def _init_kvstore(self):
         self._kvstore, self._update_on_kvstore, self._distributed = None, False, False

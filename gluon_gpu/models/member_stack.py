@@ -43,6 +43,9 @@ class MemberGroup(gluon.HybridBlock):
 
     def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
         c = self.channels
+        if len(self.nets) == 1:  # the input is the member's own: no slice, no copy
+            return F.np.expand_dims(self.nets[0](x), axis=1) if mx.util.is_np_array() else \
+                F.expand_dims(self.nets[0](x), axis=1)
         if mx.util.is_np_array():
             return F.np.stack([net(x[:, j * c:(j + 1) * c]) for j, net in enumerate(self.nets)], axis=1)
         return F.stack(*[net(F.slice_axis(x, axis=1, begin=j * c, end=(j + 1) * c))
