@@ -1,5 +1,6 @@
-"""The models layer: LeNet (standard, fused, ensembles), gluoncv's zoo, seeded
-initialization and loading saved parameters."""
+"""The models layer: LeNet (standard, fused), gluoncv's zoo, seed-parallel ensembles of
+any of them (laid out over devices, or fused), seeded initialization and loading saved
+parameters."""
 from .init import SeededXavier, ensemble, fused_for, init_model
 from .loading import load_model, recorded_run
 from .member_stack import pipeline_layout
