@@ -98,7 +98,7 @@ def test_ensemble_bench_times_every_spec_and_layout_against_k_times_one(tmp_path
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--ensemble", "2", "--ensemble-layout", "fused", "--model", "mlp"], "only LeNet's sequence"),
+    (["--ensemble", "2", "--ensemble-layout", "fused", "--model", "resnet50_v1b_gn"], "its layer bn1 (GroupNorm)"),
     (["--ensemble", "2", "--omp-threads", "1", "2"], "time --ensemble or --workers once per value"),
     (["--workers", "2", "--dtype", "float32", "bfloat16"], "time --ensemble or --workers once per value"),
 ])
