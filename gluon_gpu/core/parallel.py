@@ -409,6 +409,8 @@ class MemberTrainer(gluon.Trainer):
         index = {id(p): i for i, p in enumerate(self._params)}
         self._member_params = [[index[id(p)] for p in net.collect_params().values() if p.grad_req != "null"]
                                for net in nets]
+        self._devices = [self._params[i[0]].list_ctx()[0] if i else None for i in self._member_params]
+        self._stepping = range(len(nets))
 
     def _check_contexts(self):
         return self._params[0].list_ctx()[:1] if self._params else []
@@ -418,7 +420,23 @@ class MemberTrainer(gluon.Trainer):
         counts = optimizer._index_update_count  # pylint: disable=protected-access
         optimizer.num_update = max(counts.get(i, optimizer.begin_num_update)
                                    for k in members for i in self._member_params[k])
-        self.update(batch_size, ignore_stale_grad=True)
+        self._stepping = members
+        self.update(batch_size)
+
+    def _update(self, ignore_stale_grad=False):
+        """The stepping members' parameters, one updater call per device: the optimizer
+        aggregates several parameters into one operator, which must not span two
+        devices (it would make each wait for the other), and no parameter's
+        fresh-gradient flag is asked (a call into MXNet each, per step)."""
+        loss_scaler = getattr(self, "_amp_loss_scaler", None)
+        if loss_scaler is not None and loss_scaler.has_overflow(self._params):
+            return  # AMP: skip the step on overflow
+        by_device = {}
+        for k in self._stepping:
+            by_device.setdefault(self._devices[k], []).extend(self._member_params[k])
+        for indices in by_device.values():
+            params = [self._params[i] for i in indices]
+            self._updaters[0](indices, [p.list_grad()[0] for p in params], [p.list_data()[0] for p in params])
 
     def _init_kvstore(self):
         self._kvstore, self._update_on_kvstore, self._distributed = None, False, False
