@@ -205,7 +205,8 @@ class DataParallel:
         any other network: all of its ``members``."""
         if not self.places_itself:
             return list(range(self.members))
-        return [first + j for first, _, group in (self.net.groups[g] for g in groups) for j in range(len(group.nets))]
+        return [first + j for first, _, group in (self.net.groups[g] for g in groups)
+                for j in range(len(group.nets))]
 
     def _update(self):
         """Exchange the gradients, clip them, update every replica, and (accumulating)

@@ -80,19 +80,19 @@ class FusedMembers(gluon.HybridBlock):
             return to_api(F.reshape(legacy(out), shape=(0, self.members, -1)), is_np)
 
 
-def _widened(block, k):
+def _widened(block, k):  # pylint: disable=protected-access
     """``block`` (one member's Conv, BatchNorm or Dense) for K members side by side."""
-    kw, prefix = block._kwargs if not isinstance(block, nn.Dense) else {}, block.prefix  # pylint: disable=protected-access
-    act = block.act._act_type if getattr(block, "act", None) is not None else None  # pylint: disable=protected-access
+    act = block.act._act_type if getattr(block, "act", None) is not None else None
     if isinstance(block, nn.Dense):
-        return MemberDense(k, block._units, act, block.bias is not None, prefix=prefix)  # pylint: disable=protected-access
+        return MemberDense(k, block._units, act, block.bias is not None, prefix=block.prefix)
+    kw = block._kwargs
     if isinstance(block, nn.BatchNorm):
         return nn.BatchNorm(axis=1, momentum=kw["momentum"], epsilon=kw["eps"], scale=not kw["fix_gamma"],
                             center=block.beta.grad_req != "null", use_global_stats=kw["use_global_stats"],
-                            in_channels=k * getattr(block, "in_channels", 0), prefix=prefix)
-    return type(block)(k * block._channels, kw["kernel"], strides=kw["stride"], padding=kw["pad"],  # pylint: disable=protected-access
+                            in_channels=k * getattr(block, "in_channels", 0), prefix=block.prefix)
+    return type(block)(k * block._channels, kw["kernel"], strides=kw["stride"], padding=kw["pad"],
                        dilation=kw["dilate"], groups=k * kw["num_group"], layout=kw["layout"], activation=act,
-                       use_bias=not kw["no_bias"], in_channels=k * block._in_channels, prefix=prefix)  # pylint: disable=protected-access
+                       use_bias=not kw["no_bias"], in_channels=k * block._in_channels, prefix=block.prefix)
 
 
 def named_blocks(net, path=""):
