@@ -15,8 +15,8 @@ def make_step_graph(net, head, transform, precision, members, is_np, training, s
     parameters' dtype; its outputs to float32); transform and head in the legacy one.
     A HybridBlock network gets a hybridizable graph; any other Block an eager one.
     ``slots=(first, total)``: the network is members first.. of an ensemble of ``total``
-    (one device's group) and the stats come back in those members' places among
-    ``total``, zeros elsewhere, so every device's sums add up to the ensemble's."""
+    (one group of placed members) and the stats come back in those members' places among
+    ``total``, zeros elsewhere, so every group's sums add up to the ensemble's."""
     kind = StepGraph if isinstance(net, gluon.HybridBlock) else EagerStepGraph
     graph = kind(prefix="")
     graph.net, graph.transform = net, transform
@@ -52,7 +52,7 @@ class EagerStepGraph(gluon.Block):
 
 def _head_sums(F, head, out, y, k, training, slots=None):
     parts = []
-    if k > 1 or slots:  # an ensemble (a device's group may hold one member)
+    if k > 1 or slots:  # an ensemble (a group of placed members may hold one)
         if not training:
             first = F.reshape(F.slice_axis(y, axis=1, begin=0, end=1), shape=(-3, -2))
             loss, metrics = head.per_sample(F, head.combine(F, out), first)
