@@ -484,13 +484,15 @@ def test_member_bytes_grow_with_the_batch_and_the_network():
     assert member_bytes(lambda: get_model("cifar_resnet20_v1"), (1, 28, 28), 64) > small
 
 
-def test_the_heat_equation_example_trains_independent_seeds(tmp_path):
+@pytest.mark.parametrize("devices", ["all", "cpu"])
+def test_the_heat_equation_example_trains_independent_seeds(tmp_path, devices):
     """examples/seed_parallel_heat.py on a slice: the members learn, end at different losses
-    (independent seeds), and each equals its seed trained alone."""
+    (independent seeds), and each equals its seed trained alone; over the devices, and on
+    one device in turns through the example's own loop."""
     out = tmp_path / "heat"
     proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "seed_parallel_heat.py"), "--seeds", "4",
-                           "--epochs", "8", "--samples", "400", "--out", str(out)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+                           "--epochs", "8", "--samples", "400", "--devices", devices, "--out", str(out)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr
     assert "one after another" in proc.stdout
     with open(out / "heat.json") as f:
