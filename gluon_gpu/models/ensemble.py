@@ -105,10 +105,9 @@ def extract_member(ens, k, ctx=None, input_shape=(1, 28, 28)):
         raise IndexError(f"member {k} of an ensemble of {ens.members}")
     if getattr(ens, "places_itself", False):
         return ens.nets[k]
-    first = next(iter(ens.collect_params().values()))
+    ctx = ctx or next(iter(ens.collect_params().values())).list_ctx()
     if isinstance(ens, FusedMembers):
-        return extract(ens, k, ctx or first.list_ctx())
-    ctx = ctx or first.list_ctx()
+        return extract(ens, k, ctx)
     net = lenet(ens.outputs, ens.channels)
     net.initialize(ctx=ctx)
     forward_zeros(net, input_shape, ctx[0])

@@ -79,18 +79,20 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
     layout = ensemble_layout(layout, model, ctx)
     if batch_size:
         check_memory(member_factory(model, input_shape, outputs), members, ctx, layout, input_shape, batch_size)
+
+    def member(k, where, conv):
+        if isinstance(model, str):
+            return init_model(model, seed + k, where, input_shape, outputs, fused_conv=conv)
+        return init_model(model(), seed + k, where, input_shape)
     if layout == "fused":
-        nets = [init_model(model, seed + k, ctx, input_shape, outputs, fused_conv="off") if isinstance(model, str)
-                else init_model(model(), seed + k, ctx, input_shape) for k in range(members)]
+        nets = [member(k, ctx, "off") for k in range(members)]
         if model == "lenet":
             from .ensemble import combine_members
             return combine_members(nets, ctx, fused_for(model, ctx, fused_conv), input_shape)
         from .fused_members import fuse
         return fuse(nets, member_factory(model, input_shape, outputs), ctx, input_shape)
     devices = member_devices(members, ctx, layout)
-    nets = [init_model(model, seed + k, [devices[k]], input_shape, outputs, fused_conv=fused_conv)
-            if isinstance(model, str) else init_model(model(), seed + k, [devices[k]], input_shape)
-            for k in range(members)]
+    nets = [member(k, [devices[k]], fused_conv) for k in range(members)]
     return MemberStack(nets, devices, input_shape[0], hybridize, in_turns=layout == "sequential")
 
 

@@ -42,8 +42,8 @@ def model_for(name, input_shape):
 
 def get_model(name="lenet", outputs=10, channels=1, members=1, fused=False):
     """A fresh, uninitialized network by name: 'lenet' or a gluoncv zoo name; ``members
-    > 1``: the fused ensemble of that many members (EnsembleLeNet, else FusedMembers). ``fused``: LeNet (or the ensemble) with
-    the fused conv operator (other networks ignore it). Zoo networks pool globally with
+    > 1``: the fused ensemble of that many members (EnsembleLeNet, else FusedMembers).
+    ``fused``: LeNet (or its ensemble) with the fused conv operator (other networks ignore it). Zoo networks pool globally with
     a mean (``blocks.use_mean_pooling``)."""
     check_model_name(name)
     if members > 1:
