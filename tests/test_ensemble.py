@@ -25,6 +25,7 @@ from gluon_gpu.models.fused_conv import is_fused
 from gluon_gpu.models.fused_members import FusedMembers
 from gluon_gpu.models.member_stack import MemberStack, pipeline_layout
 from gluon_gpu.models import init_model
+from gluon_gpu.models.init import ensemble_layout
 
 from conftest import fashion_transform, param_arrays, read_metrics
 
@@ -377,6 +378,38 @@ def test_a_zoo_ensemble_trains_each_member_as_its_seed_alone(tmp_path, layout, d
         # fused: float32 rounding drifts through BatchNorm (exact in float64: the test below)
         assert read_metrics(out)["epochs"][0]["train_loss"] == pytest.approx(epoch["member_train_loss"][k],
                                                                              rel=1e-4 if layout == "devices" else 2e-2)
+
+
+def test_auto_lays_members_out_by_the_devices_and_their_engine_workers(monkeypatch):
+    monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "1")
+    assert ensemble_layout("auto", "lenet", [mx.cpu(0)]) == "sequential"
+    assert ensemble_layout("auto", "lenet", [mx.cpu(0), mx.cpu(1)]) == "devices"
+    monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "2")
+    assert ensemble_layout("auto", "lenet", [mx.cpu(0)]) == "separate"
+    assert ensemble_layout("auto", "lenet", [mx.gpu(0)]) == "sequential"  # not measured on a GPU: in turns
+    net = ensemble("lenet", 3, [mx.cpu(0)], layout="separate")
+    assert [len(group.nets) for _, _, group in net.groups] == [1, 1, 1] and not net.in_turns
+
+
+def test_two_engine_workers_train_separate_members_at_once_each_as_its_seed_alone(tmp_path):
+    """--engine-threads 2 on one CPU context: auto runs the members' graphs side by side,
+    the two workers taking them at once (the trainer re-executes itself with the
+    variable). Each member still ends exactly where its seed alone ends."""
+    common = ["--devices", "cpu", "--limit", "512", "--epochs", "1", "--quiet", "--momentum", "0.9"]
+    ens_out = str(tmp_path / "ens")
+    done = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--ensemble", "3", "--engine-threads", "2",
+                           "--seed", "5", "--out", ens_out] + common, cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "3 x lenet (separate layout)" in done.stdout and "2 engine workers per context" in done.stdout
+    stack = load_model(os.path.join(ens_out, "net.params"))
+    for k in (0, 2):
+        out = str(tmp_path / f"alone-{k}")
+        assert train.main(common + ["--seed", str(5 + k), "--out", out]) == 0
+        alone = {n: a.asnumpy() for n, a in mx.nd.load(os.path.join(out, "net.params")).items()}
+        member = param_arrays(extract_member(stack, k))
+        for name, value in alone.items():
+            np.testing.assert_allclose(member[name], value, rtol=1e-4, atol=1e-5, err_msg=f"member {k} {name}")
 
 
 def test_a_fused_resnet_computes_exactly_its_members_gradients_in_float64():

@@ -3,6 +3,7 @@ whatever the process did before, shapes materialized by one forward pass."""
 import numpy as np
 import mxnet as mx
 
+from ..core.devices import thread_settings
 from ..core.errors import UserError
 from ..core.modes import forward_zeros, model_is_np, semantics
 from .member_stack import LAYOUTS, MemberStack, check_memory, member_devices
@@ -93,7 +94,7 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
         return fuse(nets, member_factory(model, input_shape, outputs), ctx, input_shape)
     devices = member_devices(members, ctx, layout)
     nets = [member(k, [devices[k]], fused_conv) for k in range(members)]
-    return MemberStack(nets, devices, input_shape[0], hybridize, in_turns=layout == "sequential")
+    return MemberStack(nets, devices, input_shape[0], hybridize, layout)
 
 
 def member_factory(model, input_shape, outputs):
@@ -103,17 +104,20 @@ def member_factory(model, input_shape, outputs):
 
 def ensemble_layout(layout, model, ctx):
     """The members' layout for ``--ensemble-layout``: ``auto`` gives each device its own
-    members (``devices``) on several devices, and on one device trains the members in
-    turns (``sequential``): on CPU contexts the benchmark found every layout that runs
-    members side by side on one device slower than one after another (README
-    "Seed-parallel ensembles"); on one GPU nothing was measured, and ``sequential`` is
-    the layout that cannot be slower. ``fused``: one network of all members, layer by
-    layer (LeNet's in ensemble.py, any other's in fused_members.py); a network with a
-    layer of a kind it has no fused form of is refused naming that layer."""
+    members (``devices``) on several devices. On one CPU context with several engine
+    workers (``--engine-threads``) it runs the members side by side (``separate``), the
+    workers taking their graphs at once; with one worker, or on one GPU (not measured),
+    it trains them in turns (``sequential``): the benchmark found every layout that runs
+    members side by side on one worker slower than one after another (README
+    "Seed-parallel ensembles"). ``fused``: one network of all members, layer by layer
+    (LeNet's in ensemble.py, any other's in fused_members.py); a network with a layer of
+    a kind it has no fused form of is refused naming that layer."""
     if layout not in LAYOUTS:
         raise UserError(f"unknown --ensemble-layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
     if layout == "auto":
-        return "devices" if len(ctx) > 1 else "sequential"
+        if len(ctx) > 1:
+            return "devices"
+        return "separate" if ctx[0].device_type == "cpu" and thread_settings()["engine_threads"] > 1 else "sequential"
     if layout == "fused" and model != "lenet":
         from .fused_members import unfusable_layer
         why = unfusable_layer(member_factory(model, (1, 28, 28), 10)())

@@ -7,16 +7,19 @@ the layout ``devices`` the members are dealt out over D devices in contiguous ru
 devices idle), with ``separate`` and ``sequential`` every member lives on the first
 device. Members are independent: no gradient crosses devices.
 
-The members of one device form a :class:`MemberGroup`, one hybridizable block: in
-training DataParallel runs one step graph per group, fed its members' columns of each
-batch (``pipeline_layout``); K graphs called one by one, batch by batch, cost more per
-member (README "Seed-parallel ensembles"). ``sequential`` makes each member a group of
-its own and the groups take turns, each its whole epoch: one member's buffers at a time,
-as when the members train one after another. The stack itself, with the fused
-EnsembleLeNet's contract (input ``(B, K*C, ...)``, member k's sample in channels k*C..;
-output ``(B, K, outputs)``), evaluates and predicts on its home device. Its parameter
-keys are ``<k>.<the member's own key>`` whatever the grouping, so a run may resume on
-another device count.
+In training DataParallel runs one step graph per :class:`MemberGroup` (a hybridizable
+block), fed its members' columns of each batch (``pipeline_layout``). ``devices`` makes
+a group of each device's members: on one engine worker, K graphs called one by one,
+batch by batch, cost more per member than one graph of K (README "Seed-parallel
+ensembles"). ``separate`` makes each member a group of its own, all stepped on every
+batch: K graphs with no buffer in common (one graph's static memory plan would chain
+its members through shared buffers), which a device's engine workers run at once.
+``sequential`` makes each member a group of its own and the groups take turns, each its
+whole epoch: one member's buffers at a time, as when the members train one after
+another. The stack itself, with the fused EnsembleLeNet's contract (input
+``(B, K*C, ...)``, member k's sample in channels k*C..; output ``(B, K, outputs)``),
+evaluates and predicts on its home device. Its parameter keys are ``<k>.<the member's
+own key>`` whatever the grouping, so a run may resume on another device count.
 """
 import os
 from collections import namedtuple
@@ -55,16 +58,18 @@ class MemberGroup(gluon.HybridBlock):
 class MemberStack(gluon.Block):
     """``nets[k]`` on ``devices[k]`` (initialized there already; members of one device
     contiguous). ``places_itself``: DataParallel leaves the members where they are and
-    feeds the stack on ``home``. ``in_turns``: a group per member, trained in turns."""
+    feeds the stack on ``home``. ``layout`` (devices, separate, sequential) groups the
+    members as the module docstring says."""
 
     places_itself = True
 
-    def __init__(self, nets, devices, channels, hybridize=True, in_turns=False, **kwargs):
+    def __init__(self, nets, devices, channels, hybridize=True, layout="devices", **kwargs):
         super().__init__(**kwargs)
-        self.members, self.channels, self.home, self.in_turns = len(nets), channels, devices[0], in_turns
+        self.members, self.channels, self.home = len(nets), channels, devices[0]
+        self.in_turns, per_member = layout == "sequential", layout in ("separate", "sequential")
         self.groups = []  # (first member, device, group)
         for k, (net, device) in enumerate(zip(nets, devices)):
-            if not self.groups or self.groups[-1][1] != device or in_turns:
+            if not self.groups or self.groups[-1][1] != device or per_member:
                 self.groups.append((k, device, []))
             self.groups[-1][2].append(net)
         with semantics(model_is_np(nets[0])):

@@ -219,7 +219,7 @@ def main(argv=None):
                             extra=ensemble_settings(max(args.ensemble), args.model, args.fused_conv[0])
                             if args.ensemble and argv is None else None)
     if args.ensemble:
-        return bench_ensembles.run_ensembles(args)
+        return bench_ensembles.run_ensembles(args, parser)
     if args.workers:
         return run_workers(args)
     data = load_dataset(data_dir=args.data_dir, limit=args.limit)

@@ -6,19 +6,25 @@ For every ``--devices`` spec and ``--ensemble-layout``, each ensemble size K tra
 members trained one after another, that is K x the K=1 epoch on the first spec (one
 device). The K=1 epochs it is compared with are timed right before it: this machine's
 speed drifts by 10-20% between minutes, which a baseline timed once at the start would
-put into every ratio. Writes a table, ``OUT/bench.json`` and ``OUT/ensemble.png``
-(speedup against K, a line per spec and layout).
+put into every ratio. K=1 is timed as the trainer runs it by default, with one engine
+worker per CPU context: a bench given more (``--engine-threads``, for ensembles on one
+context) times it in a child bench, since a single network runs a few percent slower
+on two workers than on one (README "Seed-parallel ensembles"). Writes a table,
+``OUT/bench.json`` and ``OUT/ensemble.png`` (speedup against K, a line per spec and
+layout).
 """
 import os
+import tempfile
 
 from tqdm import tqdm
 
 from ..core.callbacks import save_figure, subplots
-from ..core.devices import parse_devices
+from ..core.devices import parse_devices, thread_settings
 from ..core.files import write_json
 from ..data import load_dataset
 from ..models.init import ensemble_layout
 from ..models.zoo import model_for
+from .bench_variants import child_report
 from .bench_timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours
 from .cli import progress_enabled
 
@@ -37,17 +43,32 @@ def plan(args, model):
     return rows
 
 
-def bench_ensembles(args, bar, data, runs):
+def time_single(args, parser, bar, data):
+    """The summary row of K=1 on the first spec, with one engine worker per CPU context
+    (in a child bench when this process has more)."""
+    spec = args.devices[0]
+    if parse_devices(spec)[0].device_type != "cpu" or thread_settings()["engine_threads"] == 1:
+        runs, info = time_ours(args, spec, bar, data)
+        return summarize(f"{spec} K=1", runs, info["samples"], info["devices"])
+    with tempfile.TemporaryDirectory() as out:
+        report = child_report(parser, args, "K=1", devices=[spec], ensemble=None, engine_threads=1, baseline="none",
+                              out=out, quiet=True)
+    bar.update(args.epochs * args.repeats)
+    return {**report["results"][0], "name": f"{spec} K=1 (1 engine worker)"}
+
+
+def bench_ensembles(args, parser, bar, data, runs):
     model = model_for(args.model, data.spec.input_shape)
-    rows, single = [], None
+    rows = []
     for spec, asked, resolved, k in runs:
-        if k > 1:  # K=1 again, just before: the ratio's two sides a minute apart at most
-            alone, info = time_ours(args, runs[0][0], bar, data)
-            single = summarize("", alone, info["samples"], info["devices"])["median_epoch_s"]
-        timed, info = time_ours(args, spec, bar, data, members=k, layout=resolved)
-        name = f"{spec} K={k}" + (f" {resolved}" + (" (auto)" if asked == "auto" else "") if k > 1 else "")
-        row = summarize(name, timed, info["samples"], info["devices"])
-        single = single or row["median_epoch_s"]
+        single = time_single(args, parser, bar, data)  # K=1 just before: the ratio's two sides a minute apart
+        if k == 1:
+            row = single
+        else:
+            timed, info = time_ours(args, spec, bar, data, members=k, layout=resolved)
+            row = summarize(f"{spec} K={k} {resolved}" + (" (auto)" if asked == "auto" else ""), timed,
+                            info["samples"], info["devices"])
+        single = single["median_epoch_s"]
         row.update(spec=spec, layout=resolved, auto=asked == "auto", members=k, model=model,
                    member_samples_per_s=row["samples_per_s"] * k, one_by_one_epoch_s=k * single,
                    speedup_vs_one_by_one=k * single / row["median_epoch_s"])
@@ -84,12 +105,12 @@ def plot_ensembles(rows, path):
     save_figure(fig, path)
 
 
-def run_ensembles(args):
+def run_ensembles(args, parser):
     data = load_dataset(data_dir=args.data_dir, limit=args.limit)
     runs = plan(args, model_for(args.model, data.spec.input_shape))
     with tqdm(total=args.epochs * args.repeats * (2 * len(runs) - 1), desc="bench", unit="epoch",
               disable=not progress_enabled(args)) as bar:
-        rows = bench_ensembles(args, bar, data, runs)
+        rows = bench_ensembles(args, parser, bar, data, runs)
     rss = peak_rss_mib()[0]
     print(format_ensemble_table(rows))
     print(f"peak RSS: {rss:.0f} MiB")

@@ -4,6 +4,7 @@ contrib.amp is process-wide) and ``--omp-threads`` (MXNet reads it once, at star
 With several values of either, every combination runs as a child ``gluon_gpu.bench``
 of its own, one after another in the same invocation (so the rows share the machine's
 minute), and its rows come back tagged; the first child alone times the baseline loop.
+``child_report`` runs such a child (the ensemble bench's K=1 on one engine worker too).
 """
 import json
 import os
@@ -43,6 +44,19 @@ def child_argv(parser, args, **values):
     return argv
 
 
+def child_report(parser, args, what, **values):
+    """Run ``gluon_gpu.bench`` in a child process with ``values`` in place of some of
+    ``args`` (``out`` among them) and return its ``bench.json``; a failed child is a
+    UserError naming ``what`` and the child's last line."""
+    argv = child_argv(parser, args, **values)
+    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.bench"] + argv, capture_output=True, text=True)
+    if proc.returncode:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise UserError(f"the {what} benchmark failed: {last}")
+    with open(os.path.join(values["out"], "bench.json")) as f:
+        return json.load(f)
+
+
 def label(dtype, threads):
     return f"{dtype}, {threads or 'default'} OMP thread{'s' * (threads != 1)}"
 
@@ -52,15 +66,9 @@ def run_variants(parser, args, bar):
     tagged by its ``dtype`` and ``omp_threads``."""
     rows, tutorial = [], None
     for number, (dtype, threads) in enumerate(variants(args)):
-        out = os.path.join(args.out, f"{dtype}-omp{threads or 'default'}")
-        argv = child_argv(parser, args, dtype=[dtype], omp_threads=[threads], out=out, quiet=True,
-                          baseline=args.baseline if number == 0 else "none")
-        proc = subprocess.run([sys.executable, "-m", "gluon_gpu.bench"] + argv, capture_output=True, text=True)
-        if proc.returncode:
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise UserError(f"the {label(dtype, threads)} benchmark failed: {last}")
-        with open(os.path.join(out, "bench.json")) as f:
-            report = json.load(f)
+        report = child_report(parser, args, label(dtype, threads), dtype=[dtype], omp_threads=[threads],
+                              out=os.path.join(args.out, f"{dtype}-omp{threads or 'default'}"), quiet=True,
+                              baseline=args.baseline if number == 0 else "none")
         for row in report["results"]:
             row.update(dtype=dtype, omp_threads=report["machine"]["threads"]["omp_threads"],
                        name=f"{row['name']} {dtype} t{report['machine']['threads']['omp_threads']}")
