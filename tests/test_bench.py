@@ -97,27 +97,33 @@ def test_ensemble_bench_times_every_spec_and_layout_against_k_times_one(tmp_path
         assert f.read(4) == b"\x89PNG"
 
 
-def test_an_ensemble_bench_on_two_engine_workers_times_k1_on_one(tmp_path, capsys, monkeypatch):
-    """--engine-threads 2 (this process's engine keeps its one worker: what is checked
-    here is the plan and the baseline): auto runs the members side by side on one
-    context, and K=1 is timed by a child bench on one engine worker, as the trainer runs it."""
-    monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "2")
+def test_an_ensemble_bench_of_two_engine_worker_counts_times_k1_on_one_worker(tmp_path, capsys):
+    """--engine-threads 1 2: each count in a child ensemble bench. With two workers, auto
+    runs the members side by side on one context, and its K=1 is timed by a grandchild
+    bench on one worker, as the trainer runs a single network."""
     out = str(tmp_path / "bench")
-    assert bench.main(["--devices", "cpu", "--ensemble", "1", "2", "--engine-threads", "2", "--epochs", "2",
+    assert bench.main(["--devices", "cpu", "--ensemble", "2", "--engine-threads", "1", "2", "--epochs", "2",
                        "--limit", "512", "--out", out, "--quiet"]) == 0
     table = capsys.readouterr().out
     with open(os.path.join(out, "bench.json")) as f:
         rows = json.load(f)["ensembles"]
-    assert [(r["name"], r["layout"]) for r in rows] == [("cpu K=1 (1 engine worker)", "-"),
-                                                        ("cpu K=2 separate (auto)", "separate")]
-    assert "cpu K=1 (1 engine worker)" in table
-    assert rows[1]["speedup_vs_one_by_one"] == pytest.approx(rows[1]["one_by_one_epoch_s"] / rows[1]["median_epoch_s"])
+    assert [(r["name"], r["layout"]) for r in rows] == [
+        ("cpu K=1 w1", "-"), ("cpu K=2 sequential (auto) w1", "sequential"),
+        ("cpu K=1 (1 engine worker) w2", "-"), ("cpu K=2 separate (auto) w2", "separate")]
+    assert "cpu K=2 separate (auto) w2" in table
+    for r in rows:
+        assert r["speedup_vs_one_by_one"] == pytest.approx(r["one_by_one_epoch_s"] / r["median_epoch_s"])
+    for workers in (1, 2):  # each child's own report, with its own engine
+        with open(os.path.join(out, f"float32-ompdefault-w{workers}", "bench.json")) as f:
+            assert json.load(f)["machine"]["threads"]["engine_threads"] == workers
+    with open(os.path.join(out, "ensemble.png"), "rb") as f:
+        assert f.read(4) == b"\x89PNG"
 
 
 @pytest.mark.parametrize("flags,message", [
     (["--ensemble", "2", "--ensemble-layout", "fused", "--model", "resnet50_v1b_gn"], "its layer bn1 (GroupNorm)"),
-    (["--ensemble", "2", "--omp-threads", "1", "2"], "time --ensemble or --workers once per value"),
-    (["--workers", "2", "--dtype", "float32", "bfloat16"], "time --ensemble or --workers once per value"),
+    (["--workers", "2", "--dtype", "float32", "bfloat16"], "time --workers once per value"),
+    (["--workers", "2", "--engine-threads", "1", "2"], "time --workers once per value"),
 ])
 def test_bench_modes_refuse_what_they_cannot_time(tmp_path, capsys, flags, message):
     assert bench.main(["--devices", "cpu", "--out", str(tmp_path / "b"), "--quiet"] + flags) == 2

@@ -8,9 +8,10 @@ counted within a mode, so the fused operator's gain is measured side by side. Wi
 ``--baseline tutorial`` the MXNet tutorial's loop is timed in the same invocation and
 every spec gets the ratio tutorial epoch / our epoch. Writes a table to stdout,
 ``OUT/bench.json`` and ``OUT/scaling.png``. Any ``--model``: the baseline is then the
-same loop training gluoncv's network as GluonCV's CIFAR script does. Several ``--dtype``
-or ``--omp-threads`` values: each combination in a process of its own
-(bench_variants.py), in one table and ``OUT/variants.png`` with the learning curves.
+same loop training gluoncv's network as GluonCV's CIFAR script does. Several ``--dtype``,
+``--omp-threads`` or ``--engine-threads`` values: each combination in a process of its
+own (bench_variants.py), in one table and ``OUT/variants.png`` with the learning curves
+(with ``--ensemble``: the ensemble table and ``OUT/ensemble.png``).
 """
 import os
 import statistics
@@ -209,13 +210,15 @@ def main(argv=None):
             check_precision(precision_for(dtype, args.amp), parse_devices(spec))
     check_writable(args.out)
     combinations = bench_variants.variants(args)
-    if len(combinations) > 1 and (args.ensemble or args.workers):
-        raise UserError("several --dtype or --omp-threads values compare plain runs; time --ensemble or "
-                        "--workers once per value")
+    if len(combinations) > 1 and args.workers:
+        raise UserError("several --dtype, --omp-threads or --engine-threads values compare plain runs and "
+                        "ensembles; time --workers once per value")
     if len(combinations) > 1:
         with tqdm(total=len(combinations), desc="bench", unit="process", disable=not progress_enabled(args)) as bar:
+            if args.ensemble:
+                return bench_ensembles.report_ensemble_variants(parser, args, bar)
             return bench_variants.report_variants(parser, args, bar, machine_info())
-    require_thread_settings(args.omp_threads[0], args.engine_threads, restart=argv is None,
+    require_thread_settings(args.omp_threads[0], args.engine_threads[0], restart=argv is None,
                             extra=ensemble_settings(max(args.ensemble), args.model, args.fused_conv[0])
                             if args.ensemble and argv is None else None)
     if args.ensemble:

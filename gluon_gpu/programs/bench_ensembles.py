@@ -9,7 +9,8 @@ speed drifts by 10-20% between minutes, which a baseline timed once at the start
 put into every ratio. K=1 is timed as the trainer runs it by default, with one engine
 worker per CPU context: a bench given more (``--engine-threads``, for ensembles on one
 context) times it in a child bench, since a single network runs a few percent slower
-on two workers than on one (README "Seed-parallel ensembles"). Writes a table,
+on two workers than on one (README "Seed-parallel ensembles"). Several ``--engine-threads``
+values: each in a child ensemble bench, rows tagged ``w<workers>``. Writes a table,
 ``OUT/bench.json`` and ``OUT/ensemble.png`` (speedup against K, a line per spec and
 layout).
 """
@@ -24,7 +25,7 @@ from ..core.files import write_json
 from ..data import load_dataset
 from ..models.init import ensemble_layout
 from ..models.zoo import model_for
-from .bench_variants import child_report
+from .bench_variants import child_report, run_children
 from .bench_timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours
 from .cli import progress_enabled
 
@@ -51,8 +52,8 @@ def time_single(args, parser, bar, data):
         runs, info = time_ours(args, spec, bar, data)
         return summarize(f"{spec} K=1", runs, info["samples"], info["devices"])
     with tempfile.TemporaryDirectory() as out:
-        report = child_report(parser, args, "K=1", devices=[spec], ensemble=None, engine_threads=1, baseline="none",
-                              out=out, quiet=True)
+        report = child_report(parser, args, "K=1", devices=[spec], ensemble=None, engine_threads=[1],
+                              baseline="none", out=out, quiet=True)
     bar.update(args.epochs * args.repeats)
     return {**report["results"][0], "name": f"{spec} K=1 (1 engine worker)"}
 
@@ -87,11 +88,11 @@ def format_ensemble_table(rows):
 def plot_ensembles(rows, path):
     fig, ax = subplots(figsize=(7, 4.5))
     lines = {}
-    for r in rows[1:]:
-        lines.setdefault(f"{r['spec']} {r['layout']}", []).append(r)
+    for r in rows:
+        if r["members"] > 1:
+            lines.setdefault(" ".join(filter(None, (r["spec"], r["layout"], r.get("variant")))), []).append(r)
     for label, same in lines.items():
-        ks = [1] + [r["members"] for r in same]
-        ax.plot(ks, [rows[0]["speedup_vs_one_by_one"]] + [r["speedup_vs_one_by_one"] for r in same],
+        ax.plot([1] + [r["members"] for r in same], [1.0] + [r["speedup_vs_one_by_one"] for r in same],
                 marker="o", label=label)
     ks = sorted({r["members"] for r in rows})
     ax.axhline(1.0, color="grey", linestyle=":", label="K members one after another")
@@ -105,17 +106,32 @@ def plot_ensembles(rows, path):
     save_figure(fig, path)
 
 
+def report_ensembles(args, rows, machine):
+    rss = max(peak_rss_mib())  # this process or its largest child bench
+    print(format_ensemble_table(rows))
+    print(f"peak RSS: {rss:.0f} MiB")
+    write_json(os.path.join(args.out, "bench.json"),
+               {"config": vars(args), "machine": machine, "ensembles": rows, "peak_rss_mib": rss})
+    plot_ensembles(rows, os.path.join(args.out, "ensemble.png"))
+    print(f"wrote {args.out}/bench.json and {args.out}/ensemble.png")
+    return 0
+
+
+def report_ensemble_variants(parser, args, bar):
+    """Several engine-worker counts (or dtypes, OpenMP threads): each in a child ensemble
+    bench, every row against its own child's K=1 on one engine worker, in one table."""
+    rows = []
+    for tag, report in run_children(parser, args, bar):
+        for row in report["ensembles"]:
+            row.update(variant=tag, name=f"{row['name']} {tag}")
+            rows.append(row)
+    return report_ensembles(args, rows, machine_info())
+
+
 def run_ensembles(args, parser):
     data = load_dataset(data_dir=args.data_dir, limit=args.limit)
     runs = plan(args, model_for(args.model, data.spec.input_shape))
     with tqdm(total=args.epochs * args.repeats * (2 * len(runs) - 1), desc="bench", unit="epoch",
               disable=not progress_enabled(args)) as bar:
         rows = bench_ensembles(args, parser, bar, data, runs)
-    rss = peak_rss_mib()[0]
-    print(format_ensemble_table(rows))
-    print(f"peak RSS: {rss:.0f} MiB")
-    write_json(os.path.join(args.out, "bench.json"),
-               {"config": vars(args), "machine": machine_info(), "ensembles": rows, "peak_rss_mib": rss})
-    plot_ensembles(rows, os.path.join(args.out, "ensemble.png"))
-    print(f"wrote {args.out}/bench.json and {args.out}/ensemble.png")
-    return 0
+    return report_ensembles(args, rows, machine_info())

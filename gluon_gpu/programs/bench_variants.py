@@ -1,10 +1,12 @@
 """Benchmark rows for settings that hold for a whole process: ``--dtype`` (MXNet's
-contrib.amp is process-wide) and ``--omp-threads`` (MXNet reads it once, at start).
+contrib.amp is process-wide), ``--omp-threads`` and ``--engine-threads`` (MXNet reads
+both once, at start).
 
-With several values of either, every combination runs as a child ``gluon_gpu.bench``
-of its own, one after another in the same invocation (so the rows share the machine's
-minute), and its rows come back tagged; the first child alone times the baseline loop.
-``child_report`` runs such a child (the ensemble bench's K=1 on one engine worker too).
+With several values of any, every combination runs as a child ``gluon_gpu.bench`` of
+its own, one after another in the same invocation (so the rows share the machine's
+minute), and its rows come back tagged with the values that vary; the first child alone
+times the baseline loop. ``child_report`` runs such a child (the ensemble bench's
+variants and its K=1 on one engine worker too).
 """
 import json
 import os
@@ -16,12 +18,36 @@ from ..core.errors import UserError
 from ..core.files import write_json
 from .bench_timing import TIMES, figure, text_table
 
-PROCESS_WIDE = ("dtype", "omp_threads")
+PROCESS_WIDE = ("dtype", "omp_threads", "engine_threads")
 
 
 def variants(args):
-    """``[(dtype, omp_threads)]`` the flags ask for, in their order."""
-    return [(d, t) for d in dict.fromkeys(args.dtype) for t in dict.fromkeys(args.omp_threads)]
+    """``[(dtype, omp_threads, engine_threads)]`` the flags ask for, in their order."""
+    return [(d, t, w) for d in dict.fromkeys(args.dtype) for t in dict.fromkeys(args.omp_threads)
+            for w in dict.fromkeys(args.engine_threads)]
+
+
+def variant_tag(args, report):
+    """What tells a child's rows apart: its dtype, ``t<OpenMP threads>``, ``w<engine
+    workers>``, each only when the flags give it several values."""
+    threads = report["machine"]["threads"]
+    parts = [(args.dtype, report["config"]["dtype"][0]), (args.omp_threads, f"t{threads['omp_threads']}"),
+             (args.engine_threads, f"w{threads['engine_threads']}")]
+    return " ".join(value for values, value in parts if len(set(values)) > 1)
+
+
+def run_children(parser, args, bar, **values):
+    """Each variant in a child bench (``values``: more flags for all of them); returns
+    ``[(tag, report)]``."""
+    reports = []
+    for number, (dtype, threads, workers) in enumerate(variants(args)):
+        out = os.path.join(args.out, f"{dtype}-omp{threads or 'default'}" + (f"-w{workers}" if workers else ""))
+        report = child_report(parser, args, label(dtype, threads, workers), dtype=[dtype], omp_threads=[threads],
+                              engine_threads=[workers], out=out, quiet=True,
+                              baseline=args.baseline if number == 0 else "none", **values)
+        reports.append((variant_tag(args, report), report))
+        bar.update(1)
+    return reports
 
 
 def child_argv(parser, args, **values):
@@ -57,24 +83,22 @@ def child_report(parser, args, what, **values):
         return json.load(f)
 
 
-def label(dtype, threads):
-    return f"{dtype}, {threads or 'default'} OMP thread{'s' * (threads != 1)}"
+def label(dtype, threads, workers):
+    return (f"{dtype}, {threads or 'default'} OMP thread{'s' * (threads != 1)}, "
+            f"{workers or 'default'} engine worker{'s' * (workers != 1)}")
 
 
 def run_variants(parser, args, bar):
     """Each combination in a child bench; returns ``(rows, tutorial)`` with every row
-    tagged by its ``dtype`` and ``omp_threads``."""
+    tagged by the values that vary."""
     rows, tutorial = [], None
-    for number, (dtype, threads) in enumerate(variants(args)):
-        report = child_report(parser, args, label(dtype, threads), dtype=[dtype], omp_threads=[threads],
-                              out=os.path.join(args.out, f"{dtype}-omp{threads or 'default'}"), quiet=True,
-                              baseline=args.baseline if number == 0 else "none")
+    for tag, report in run_children(parser, args, bar):
+        threads = report["machine"]["threads"]
         for row in report["results"]:
-            row.update(dtype=dtype, omp_threads=report["machine"]["threads"]["omp_threads"],
-                       name=f"{row['name']} {dtype} t{report['machine']['threads']['omp_threads']}")
+            row.update(dtype=report["config"]["dtype"][0], omp_threads=threads["omp_threads"],
+                       engine_threads=threads["engine_threads"], name=f"{row['name']} {tag}")
             rows.append(row)
         tutorial = tutorial or report.get("tutorial")
-        bar.update(1)
     first = rows[0]["median_epoch_s"]
     for row in rows:  # against the first row, and the baseline, across processes
         row["vs_first"] = first / row["median_epoch_s"]
