@@ -106,12 +106,12 @@ def plot_ensembles(rows, path):
     save_figure(fig, path)
 
 
-def report_ensembles(args, rows, machine):
+def report_ensembles(args, rows):
     rss = max(peak_rss_mib())  # this process or its largest child bench
     print(format_ensemble_table(rows))
     print(f"peak RSS: {rss:.0f} MiB")
     write_json(os.path.join(args.out, "bench.json"),
-               {"config": vars(args), "machine": machine, "ensembles": rows, "peak_rss_mib": rss})
+               {"config": vars(args), "machine": machine_info(), "ensembles": rows, "peak_rss_mib": rss})
     plot_ensembles(rows, os.path.join(args.out, "ensemble.png"))
     print(f"wrote {args.out}/bench.json and {args.out}/ensemble.png")
     return 0
@@ -125,7 +125,7 @@ def report_ensemble_variants(parser, args, bar):
         for row in report["ensembles"]:
             row.update(variant=tag, name=f"{row['name']} {tag}")
             rows.append(row)
-    return report_ensembles(args, rows, machine_info())
+    return report_ensembles(args, rows)
 
 
 def run_ensembles(args, parser):
@@ -134,4 +134,4 @@ def run_ensembles(args, parser):
     with tqdm(total=args.epochs * args.repeats * (2 * len(runs) - 1), desc="bench", unit="epoch",
               disable=not progress_enabled(args)) as bar:
         rows = bench_ensembles(args, parser, bar, data, runs)
-    return report_ensembles(args, rows, machine_info())
+    return report_ensembles(args, rows)
