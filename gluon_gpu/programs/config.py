@@ -59,9 +59,10 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                           "is the model --seed seed+k trains alone", type=positive_int, metavar="K")
     ensemble_layout: str = _flag("auto", "how the members share the devices: devices (each device trains "
                                  "its own members), sequential (on the first device, one member's epoch "
-                                 "after another's), separate (side by side on the first device), fused "
+                                 "after another's), separate (side by side on the first device, a graph each), fused "
                                  "(one network of grouped convolutions, BatchNorm and batched Dense); "
-                                 "auto: devices on several devices, else sequential", choices=LAYOUTS)
+                                 "auto: devices on several devices; on one CPU context separate with several engine "
+                                 "workers (--engine-threads), else sequential", choices=LAYOUTS)
     epochs: int = _flag(10, "epochs to train to", True, type=positive_int)
     batch_size: int = _flag(256, "global batch size, split over the devices", type=positive_int)
     lr: float = _flag(0.1, "base learning rate", type=positive_float)
