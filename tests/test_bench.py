@@ -6,6 +6,7 @@ import os
 import mxnet as mx
 import pytest
 
+from gluon_gpu.core.devices import cpu_contexts
 from gluon_gpu.programs import bench
 
 from conftest import needs_bf16
@@ -77,16 +78,21 @@ def test_default_specs_scale_over_gpus(monkeypatch):
     assert bench.default_specs() == ["gpu*1", "gpu*2", "gpu*4", "gpu*6", "cpu"]
 
 
-def test_ensemble_bench_times_every_spec_and_layout_against_k_times_one(tmp_path, capsys):
+@pytest.mark.skipif(cpu_contexts() < 2, reason="one core: an ensemble on one context keeps one engine worker")
+def test_ensemble_bench_times_every_spec_and_layout_against_k_times_one(tmp_path, capsys, monkeypatch):
+    """Each row as the trainer runs it: auto on one CPU context side by side on two engine
+    workers (a child bench), against K=1 on one; every other row in this process, on one."""
+    monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
     out = str(tmp_path / "bench")
     assert bench.main(["--devices", "cpu", "cpu*2", "--ensemble", "2", "3", "--ensemble-layout", "auto", "fused",
                        "--epochs", "2", "--limit", "512", "--out", out, "--quiet"]) == 0
-    assert "vs one by one" in capsys.readouterr().out
+    assert "cpu K=3 separate (auto) [2 workers]" in capsys.readouterr().out
     with open(os.path.join(out, "bench.json")) as f:
         rows = json.load(f)["ensembles"]
-    assert [(r["spec"], r["layout"], r["members"]) for r in rows] == [
-        ("cpu", "-", 1), ("cpu", "sequential", 2), ("cpu", "sequential", 3), ("cpu", "fused", 2), ("cpu", "fused", 3),
-        ("cpu*2", "devices", 2), ("cpu*2", "devices", 3), ("cpu*2", "fused", 2), ("cpu*2", "fused", 3)]
+    assert [(r["spec"], r["layout"], r["members"], r["engine_threads"]) for r in rows] == [
+        ("cpu", "-", 1, 1), ("cpu", "separate", 2, 2), ("cpu", "separate", 3, 2), ("cpu", "fused", 2, 1),
+        ("cpu", "fused", 3, 1), ("cpu*2", "devices", 2, 1), ("cpu*2", "devices", 3, 1), ("cpu*2", "fused", 2, 1),
+        ("cpu*2", "fused", 3, 1)]
     assert [r["auto"] for r in rows[1:]] == [True, True, False, False, True, True, False, False]
     assert rows[0]["speedup_vs_one_by_one"] == 1.0
     for r in rows:

@@ -25,7 +25,8 @@ from gluon_gpu.models.fused_conv import is_fused
 from gluon_gpu.models.fused_members import FusedMembers
 from gluon_gpu.models.member_stack import MemberStack, pipeline_layout
 from gluon_gpu.models import init_model
-from gluon_gpu.models.init import ensemble_layout
+from gluon_gpu.core.devices import cpu_contexts
+from gluon_gpu.models.init import ensemble_engine_workers, ensemble_layout
 
 from conftest import fashion_transform, param_arrays, read_metrics
 
@@ -148,11 +149,13 @@ def test_a_pipeline_in_turns_gives_each_member_its_seeds_epoch(train_slice):
     assert len(resumed) == 8 and (resumed[0][1][1].asnumpy() == batches[7][1][1].asnumpy()).all()
 
 
-def test_an_ensemble_in_turns_resumes_exactly_and_elsewhere_from_an_epochs_end(tmp_path, capsys):
-    """auto on one CPU context trains in turns: a run stopped by SIGINT inside epoch 2
-    resumes to the straight run's parameters and figures; its position inside an epoch
-    means nothing to members trained together, so on cpu*2 it goes on from epoch 1's end."""
+def test_an_ensemble_in_turns_resumes_exactly_and_elsewhere_from_an_epochs_end(tmp_path, capsys, monkeypatch):
+    """auto on one CPU context with one engine worker trains in turns: a run stopped by
+    SIGINT inside epoch 2 resumes to the straight run's parameters and figures; its
+    position inside an epoch means nothing to members trained together, so on cpu*2 it
+    goes on from epoch 1's end."""
     from test_checkpoints import SMALL, assert_same_run, checkpoint_names, start, wait_for
+    monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "1")  # the trainer would take one per core
     args = SMALL + ["--ensemble", "3", "--epochs", "3"]
     straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
     assert train.main(args + ["--out", straight]) == 0
@@ -350,6 +353,17 @@ def test_bad_ensemble_flags(tmp_path, capsys, args, message):
     assert len(err.splitlines()) == 1 and message in err
 
 
+def test_sync_bn_with_members_on_whole_batches_is_refused_before_any_data_is_read(tmp_path, capsys, monkeypatch):
+    from gluon_gpu.models.sync_bn import cpu_settings
+    for name, value in cpu_settings(0).items():  # what --sync-bn makes the CLI re-execute itself with
+        monkeypatch.setenv(name, value)
+    assert train.main(["--out", str(tmp_path / "r"), "--ensemble", "2", "--devices", "cpu*2", "--sync-bn",
+                       "--data-dir", str(tmp_path / "nothing"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()  # not the missing data: refused before it is read
+    assert len(err.splitlines()) == 1
+    assert "--sync-bn: with --ensemble-layout auto every member trains on whole batches on one device" in err
+
+
 @pytest.mark.parametrize("layout,devices", [("devices", "cpu*2"), ("fused", "cpu")])
 def test_a_zoo_ensemble_trains_each_member_as_its_seed_alone(tmp_path, layout, devices):
     """--ensemble 4 --model cifar_resnet20_v1: over two devices (members 0 and 1 on
@@ -383,6 +397,7 @@ def test_a_zoo_ensemble_trains_each_member_as_its_seed_alone(tmp_path, layout, d
 def test_auto_lays_members_out_by_the_devices_and_their_engine_workers(monkeypatch):
     monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "1")
     assert ensemble_layout("auto", "lenet", [mx.cpu(0)]) == "sequential"
+    assert ensemble_layout("auto", "lenet", [mx.cpu(0)], engine_threads=2) == "separate"
     assert ensemble_layout("auto", "lenet", [mx.cpu(0), mx.cpu(1)]) == "devices"
     monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "2")
     assert ensemble_layout("auto", "lenet", [mx.cpu(0)]) == "separate"
@@ -391,15 +406,40 @@ def test_auto_lays_members_out_by_the_devices_and_their_engine_workers(monkeypat
     assert [len(group.nets) for _, _, group in net.groups] == [1, 1, 1] and not net.in_turns
 
 
-def test_two_engine_workers_train_separate_members_at_once_each_as_its_seed_alone(tmp_path):
-    """--engine-threads 2 on one CPU context: auto runs the members' graphs side by side,
-    the two workers taking them at once (the trainer re-executes itself with the
-    variable). Each member still ends exactly where its seed alone ends."""
+def test_an_ensemble_on_one_context_gets_an_engine_worker_per_core_unless_told(monkeypatch):
+    """One CPU context: one worker per core's worth of OpenMP threads, at most one per
+    member; nothing for several contexts, in-turns or fused layouts, one member, a GPU, or
+    when MXNET_CPU_WORKER_NTHREADS (--engine-threads) already says."""
+    monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    cpu = [mx.cpu(0)]
+    assert [ensemble_engine_workers(k, "auto", cpu) for k in (1, 2, 3, 8)] == [0, 2, 3, 4]
+    assert ensemble_engine_workers(8, "separate", cpu) == 4
+    for layout in ("sequential", "fused", "devices"):
+        assert ensemble_engine_workers(8, layout, cpu) == 0
+    assert ensemble_engine_workers(8, "auto", [mx.cpu(0), mx.cpu(1)]) == 0
+    assert ensemble_engine_workers(8, "auto", [mx.gpu(0)]) == 0
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert ensemble_engine_workers(8, "auto", cpu) == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert ensemble_engine_workers(8, "auto", cpu) == 0  # one context already takes every core
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "1")
+    assert ensemble_engine_workers(8, "auto", cpu) == 0
+
+
+@pytest.mark.skipif(cpu_contexts() < 2, reason="one core: an ensemble on one context keeps one engine worker")
+def test_an_ensemble_on_one_context_trains_its_members_at_once_each_as_its_seed_alone(tmp_path):
+    """On one CPU context the trainer gives an ensemble an engine worker per core
+    (re-executing itself with the variable) and auto runs the members' graphs side by
+    side, the workers taking them at once. Each member still ends exactly where its seed
+    alone ends."""
     common = ["--devices", "cpu", "--limit", "512", "--epochs", "1", "--quiet", "--momentum", "0.9"]
     ens_out = str(tmp_path / "ens")
-    done = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--ensemble", "3", "--engine-threads", "2",
-                           "--seed", "5", "--out", ens_out] + common, cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+    env = {k: v for k, v in os.environ.items() if k != "MXNET_CPU_WORKER_NTHREADS"}
+    done = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--ensemble", "3", "--seed", "5",
+                           "--out", ens_out] + common, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr
     assert "3 x lenet (separate layout)" in done.stdout and "2 engine workers per context" in done.stdout
     stack = load_model(os.path.join(ens_out, "net.params"))

@@ -1,9 +1,11 @@
 """Initializing a network as every gluon_gpu run does: seeded, the same values for a seed
 whatever the process did before, shapes materialized by one forward pass."""
+import os
+
 import numpy as np
 import mxnet as mx
 
-from ..core.devices import thread_settings
+from ..core.devices import THREAD_VARIABLES, cpu_contexts, thread_settings
 from ..core.errors import UserError
 from ..core.modes import forward_zeros, model_is_np, semantics
 from .member_stack import LAYOUTS, MemberStack, check_memory, member_devices
@@ -102,22 +104,23 @@ def member_factory(model, input_shape, outputs):
     return model if not isinstance(model, str) else lambda: get_model(model, outputs, input_shape[0])
 
 
-def ensemble_layout(layout, model, ctx):
+def ensemble_layout(layout, model, ctx, engine_threads=0):
     """The members' layout for ``--ensemble-layout``: ``auto`` gives each device its own
     members (``devices``) on several devices. On one CPU context with several engine
-    workers (``--engine-threads``) it runs the members side by side (``separate``), the
-    workers taking their graphs at once; with one worker, or on one GPU (not measured),
-    it trains them in turns (``sequential``): the benchmark found every layout that runs
-    members side by side on one worker slower than one after another (README
-    "Seed-parallel ensembles"). ``fused``: one network of all members, layer by layer
-    (LeNet's in ensemble.py, any other's in fused_members.py); a network with a layer of
-    a kind it has no fused form of is refused naming that layer."""
+    workers (``engine_threads``, else this process's) it runs the members side by side
+    (``separate``), the workers taking their graphs at once; with one worker, or on one
+    GPU (not measured), it trains them in turns (``sequential``): the benchmark found
+    every layout that runs members side by side on one worker slower than one after
+    another (README "Seed-parallel ensembles"). ``fused``: one network of all members,
+    layer by layer (LeNet's in ensemble.py, any other's in fused_members.py); a network
+    with a layer of a kind it has no fused form of is refused naming that layer."""
     if layout not in LAYOUTS:
         raise UserError(f"unknown --ensemble-layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
     if layout == "auto":
         if len(ctx) > 1:
             return "devices"
-        return "separate" if ctx[0].device_type == "cpu" and thread_settings()["engine_threads"] > 1 else "sequential"
+        workers = engine_threads or thread_settings()["engine_threads"]
+        return "separate" if ctx[0].device_type == "cpu" and workers > 1 else "sequential"
     if layout == "fused" and model != "lenet":
         from .fused_members import unfusable_layer
         why = unfusable_layer(member_factory(model, (1, 28, 28), 10)())
@@ -127,3 +130,17 @@ def ensemble_layout(layout, model, ctx):
                             "convolutions, BatchNorm and Dense layers: use --ensemble-layout devices, separate "
                             "or sequential")
     return layout
+
+
+def ensemble_engine_workers(members, layout, ctx):
+    """The engine workers per CPU context an ensemble of ``members`` is started with when
+    neither --engine-threads nor MXNET_CPU_WORKER_NTHREADS says (0: leave MXNet's one).
+    On one CPU context the members run side by side (``auto``, ``separate``) only on
+    several workers, a graph each: one worker per core's worth of OpenMP threads, at most
+    one per member. Several contexts keep the cores busy with one worker each (two each
+    measured slower: README "Seed-parallel ensembles")."""
+    if (members < 2 or layout not in ("auto", "separate") or len(ctx) != 1 or ctx[0].device_type != "cpu"
+            or THREAD_VARIABLES["engine_threads"] in os.environ):
+        return 0
+    workers = min(members, cpu_contexts())
+    return workers if workers > 1 else 0

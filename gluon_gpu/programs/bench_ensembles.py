@@ -6,14 +6,17 @@ For every ``--devices`` spec and ``--ensemble-layout``, each ensemble size K tra
 members trained one after another, that is K x the K=1 epoch on the first spec (one
 device). The K=1 epochs it is compared with are timed right before it: this machine's
 speed drifts by 10-20% between minutes, which a baseline timed once at the start would
-put into every ratio. K=1 is timed as the trainer runs it by default, with one engine
-worker per CPU context: a bench given more (``--engine-threads``, for ensembles on one
-context) times it in a child bench, since a single network runs a few percent slower
-on two workers than on one (README "Seed-parallel ensembles"). Several ``--engine-threads``
-values: each in a child ensemble bench, rows tagged ``w<workers>``. Writes a table,
+put into every ratio. Each row is timed as the trainer runs it by default: K=1 with one
+engine worker per CPU context (a bench given more, ``--engine-threads``, times it in a
+child bench, since a single network runs a few percent slower on two workers than on
+one: README "Seed-parallel ensembles"); an ensemble the trainer starts with more workers
+(on one CPU context: ``ensemble_engine_workers``) in a child bench with that many, rows
+marked ``[<workers> workers]``. Several ``--engine-threads`` values: each in a child
+ensemble bench, rows tagged ``w<workers>``. Writes a table,
 ``OUT/bench.json`` and ``OUT/ensemble.png`` (speedup against K, a line per spec and
 layout).
 """
+import itertools
 import os
 import tempfile
 
@@ -23,7 +26,7 @@ from ..core.callbacks import save_figure, subplots
 from ..core.devices import parse_devices, thread_settings
 from ..core.files import write_json
 from ..data import load_dataset
-from ..models.init import ensemble_layout
+from ..models.init import ensemble_engine_workers, ensemble_layout
 from ..models.zoo import model_for
 from .bench_variants import child_report, run_children
 from .bench_timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours
@@ -31,16 +34,21 @@ from .cli import progress_enabled
 
 
 def plan(args, model):
-    """``[(spec, layout asked, layout resolved, K)]``: K=1 once, on the first spec, then
-    every K > 1 for each spec and each distinct resolved layout."""
+    """``[(spec, layout asked, layout resolved, K, engine workers)]``: K=1 once, on the
+    first spec, then every K > 1 for each spec and each distinct resolved layout. Engine
+    workers: those the trainer would start that ensemble with (``ensemble_engine_workers``:
+    one CPU context) when this process runs with MXNet's one; 0: as this process runs."""
     sizes = sorted(set(args.ensemble) - {1})
-    rows, seen = [(args.devices[0], "-", "-", 1)], set()
+    rows, seen = [(args.devices[0], "-", "-", 1, 0)], set()
     for spec in args.devices:
+        ctx = parse_devices(spec)
         for asked in args.ensemble_layout:
-            resolved = ensemble_layout(asked, model, parse_devices(spec))
-            if (spec, resolved) not in seen:
-                seen.add((spec, resolved))
-                rows += [(spec, asked, resolved, k) for k in sizes]
+            for k in sizes:
+                workers = ensemble_engine_workers(k, asked, ctx)
+                resolved = ensemble_layout(asked, model, ctx, workers)
+                if (spec, resolved, k) not in seen:
+                    seen.add((spec, resolved, k))
+                    rows.append((spec, asked, resolved, k, workers))
     return rows
 
 
@@ -55,30 +63,46 @@ def time_single(args, parser, bar, data):
         report = child_report(parser, args, "K=1", devices=[spec], ensemble=None, engine_threads=[1],
                               baseline="none", out=out, quiet=True)
     bar.update(args.epochs * args.repeats)
-    return {**report["results"][0], "name": f"{spec} K=1 (1 engine worker)"}
+    return {**report["results"][0], "name": f"{spec} K=1 (1 engine worker)", "engine_threads": 1}
+
+
+def time_in_child(args, parser, bar, spec, asked, sizes, workers):
+    """Ensembles the trainer starts with more engine workers than this process has: a
+    child bench with that many times them, each against its own K=1 on one worker."""
+    with tempfile.TemporaryDirectory() as out:
+        report = child_report(parser, args, f"{spec} {asked} ensemble", devices=[spec], ensemble_layout=[asked],
+                              ensemble=sizes, engine_threads=[workers], baseline="none", out=out, quiet=True)
+    bar.update(2 * len(sizes) * args.epochs * args.repeats)
+    return [{**row, "name": f"{row['name']} [{workers} workers]"} for row in report["ensembles"] if row["members"] > 1]
 
 
 def bench_ensembles(args, parser, bar, data, runs):
     model = model_for(args.model, data.spec.input_shape)
     rows = []
-    for spec, asked, resolved, k in runs:
-        single = time_single(args, parser, bar, data)  # K=1 just before: the ratio's two sides a minute apart
-        if k == 1:
-            row = single
-        else:
-            timed, info = time_ours(args, spec, bar, data, members=k, layout=resolved)
-            row = summarize(f"{spec} K={k} {resolved}" + (" (auto)" if asked == "auto" else ""), timed,
-                            info["samples"], info["devices"])
-        single = single["median_epoch_s"]
-        row.update(spec=spec, layout=resolved, auto=asked == "auto", members=k, model=model,
-                   member_samples_per_s=row["samples_per_s"] * k, one_by_one_epoch_s=k * single,
-                   speedup_vs_one_by_one=k * single / row["median_epoch_s"])
-        rows.append(row)
+    for (spec, asked, workers), group in itertools.groupby(runs, key=lambda run: run[:2] + run[4:]):
+        group = list(group)
+        if workers:
+            rows += time_in_child(args, parser, bar, spec, asked, [run[3] for run in group], workers)
+            continue
+        for _, _, resolved, k, _ in group:
+            single = time_single(args, parser, bar, data)  # K=1 just before: the ratio's two sides a minute apart
+            if k == 1:
+                row = single
+            else:
+                timed, info = time_ours(args, spec, bar, data, members=k, layout=resolved)
+                row = summarize(f"{spec} K={k} {resolved}" + (" (auto)" if asked == "auto" else ""), timed,
+                                info["samples"], info["devices"])
+            single = single["median_epoch_s"]
+            row.setdefault("engine_threads", thread_settings()["engine_threads"])
+            row.update(spec=spec, layout=resolved, auto=asked == "auto", members=k, model=model,
+                       member_samples_per_s=row["samples_per_s"] * k, one_by_one_epoch_s=k * single,
+                       speedup_vs_one_by_one=k * single / row["median_epoch_s"])
+            rows.append(row)
     return rows
 
 
 def format_ensemble_table(rows):
-    columns = [("ensemble", 30, lambda r: r["name"]), *TIMES,
+    columns = [("ensemble", 38, lambda r: r["name"]), *TIMES,
                ("member-samples/s", 18, figure("member_samples_per_s", ".0f")),
                ("vs one by one", 15, figure("speedup_vs_one_by_one", ".2f", "x"))]
     return text_table(columns, rows, f"{rows[0]['model']}: K members against K x the K=1 epoch on {rows[0]['spec']} "

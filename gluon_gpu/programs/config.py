@@ -35,7 +35,9 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     omp_threads: int = _flag(0, "OpenMP threads per CPU operator (sets OMP_NUM_THREADS; 0: as set, "
                              "else MXNet's default of half the logical CPUs)", True, type=non_negative_int)
     engine_threads: int = _flag(0, "MXNet engine worker threads per CPU context (sets "
-                                "MXNET_CPU_WORKER_NTHREADS; 0: as set, else 1)", True, type=non_negative_int)
+                                "MXNET_CPU_WORKER_NTHREADS; 0: as set, else 1, and for an ensemble on one CPU "
+                                "context one per core's worth of OpenMP threads, at most K)", True,
+                                type=non_negative_int)
     bucket_mb: float = _flag(DEFAULT_BUCKET_MB, "several devices: gradients exchanged in contiguous buckets "
                              "of up to this many MiB, one kvstore key each; 0: one key per parameter",
                              True, type=non_negative_float)
@@ -61,8 +63,9 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                  "its own members), sequential (on the first device, one member's epoch "
                                  "after another's), separate (side by side on the first device, a graph each), fused "
                                  "(one network of grouped convolutions, BatchNorm and batched Dense); "
-                                 "auto: devices on several devices; on one CPU context separate with several engine "
-                                 "workers (--engine-threads), else sequential", choices=LAYOUTS)
+                                 "auto: devices on several devices; on one CPU context separate when it has "
+                                 "several engine workers (as --engine-threads 0 gives it on a multi-core CPU), "
+                                 "else sequential", choices=LAYOUTS)
     epochs: int = _flag(10, "epochs to train to", True, type=positive_int)
     batch_size: int = _flag(256, "global batch size, split over the devices", type=positive_int)
     lr: float = _flag(0.1, "base learning rate", type=positive_float)

@@ -41,6 +41,9 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     check_precision(precision_for(config.dtype, config.amp), ctx)
     if model is None and config.model != "auto":
         check_model_name(config.model)
+    if config.sync_bn and config.ensemble > 1 and config.ensemble_layout != "fused":
+        raise UserError(f"--sync-bn: with --ensemble-layout {config.ensemble_layout} every member trains on whole "
+                        "batches on one device, so its BatchNorm has nothing to synchronize; leave --sync-bn out")
     if config.seed + config.ensemble - 1 > MAX_SEED:
         raise UserError(f"--seed {config.seed} with --ensemble {config.ensemble}: member seeds pass {MAX_SEED}")
     data = data or load_dataset(config.dataset, config.data_dir, config.image_size, config.task, config.limit)
@@ -54,10 +57,6 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     shard = (store.rank, store.num_workers) if store else (0, 1)
     net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, config.ensemble,
                      config.fused_conv, config.ensemble_layout, config.hybridize, config.batch_size)
-    placed = getattr(net, "places_itself", False)
-    if placed and config.sync_bn:
-        raise UserError(f"--sync-bn: with --ensemble-layout {config.ensemble_layout} every member trains on whole "
-                        "batches on one device, so its BatchNorm has nothing to synchronize; leave --sync-bn out")
     layout = pipeline_layout(net, ctx)
     synced = use_sync_batchnorm(net, len(ctx)) if config.sync_bn else 0
     if config.sync_bn:

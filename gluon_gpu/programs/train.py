@@ -16,14 +16,14 @@ import mxnet as mx
 from .. import __version__
 from ..core.callbacks import MetricsFile
 from ..core.checkpoint import checkpoints, complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
-from ..core.devices import describe, devices, require_thread_settings, thread_settings
+from ..core.devices import THREAD_VARIABLES, describe, devices, parse_devices, require_thread_settings, thread_settings
 from ..core.errors import DivergedError, UserError, WriteError
 from ..core.kvstores import default_kvstore
 from ..core.loop import Interrupted, StopFlag, fit
 from ..core.files import RunLock, remove_temporaries
 from ..core.params import ParamSnapshot, last_line, save_parameters
 from ..models.fused_conv import is_fused
-from ..models.init import ensemble_layout
+from ..models.init import ensemble_engine_workers, ensemble_layout
 from ..models.loading import adapt_keys
 from ..models.member_stack import cpu_settings as ensemble_settings
 from ..models.sync_bn import cpu_settings as sync_bn_settings
@@ -209,9 +209,15 @@ def main(argv=None):
         config, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
     # MXNet reads these at start: the program re-executes itself with them (--sync-bn
     # needs them; an ensemble only runs faster, so a library call goes on without)
-    extra = sync_bn_settings(config.engine_threads) if config.sync_bn else {}
+    extra = {}
     if argv is None:
         extra.update(ensemble_settings(config.ensemble, config.model, config.fused_conv))
+        workers = not config.engine_threads and ensemble_engine_workers(
+            config.ensemble, config.ensemble_layout, parse_devices(config.devices))
+        if workers:
+            extra[THREAD_VARIABLES["engine_threads"]] = str(workers)
+    if config.sync_bn:
+        extra.update(sync_bn_settings(config.engine_threads))
     if extra:
         require_thread_settings(restart=argv is None, extra=extra)
     with devices(config.devices) as ctx:
