@@ -5,7 +5,7 @@ task heads, both MXNet APIs, checkpoints, the loop), ``data`` (datasets, pipelin
 ``models`` (LeNet, the zoo, ensembles, the fused operator, loading), then ``programs``
 (train, evaluate, predict, bench, launch).
 """
-__version__ = "0.4.1"
+__version__ = "0.4.2"
 
 from .core import environment  # noqa: E402  (imports no mxnet: it runs before mxnet starts)
 

@@ -73,7 +73,8 @@ def time_in_child(args, parser, bar, spec, asked, sizes, workers):
         report = child_report(parser, args, f"{spec} {asked} ensemble", devices=[spec], ensemble_layout=[asked],
                               ensemble=sizes, engine_threads=[workers], baseline="none", out=out, quiet=True)
     bar.update(2 * len(sizes) * args.epochs * args.repeats)
-    return [{**row, "name": f"{row['name']} [{workers} workers]"} for row in report["ensembles"] if row["members"] > 1]
+    tag = f"[{workers} workers]"
+    return [{**row, "name": f"{row['name']} {tag}", "variant": tag} for row in report["ensembles"] if row["members"] > 1]
 
 
 def bench_ensembles(args, parser, bar, data, runs):
