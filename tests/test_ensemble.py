@@ -370,9 +370,9 @@ def test_a_zoo_ensemble_trains_each_member_as_its_seed_alone(tmp_path, layout, d
     cpu(0), 2 and 3 on cpu(1)), or fused into one network (grouped convolutions,
     BatchNorm over the stacked channels, batched Dense). Members 0 and 3 end where
     --seed 7+k alone on one device ends, BatchNorm statistics included (every run also
-    validates on the 10,000 test images)."""
-    common = ["--model", "cifar_resnet20_v1", "--limit", "192", "--batch-size", "64", "--epochs", "1", "--quiet",
-              "--momentum", "0.9", "--lr", "0.05"]
+    validates, on 512 test images)."""
+    common = ["--model", "cifar_resnet20_v1", "--limit", "192", "--val-limit", "512", "--batch-size", "64",
+              "--epochs", "1", "--quiet", "--momentum", "0.9", "--lr", "0.05"]
     ens_out = str(tmp_path / "ens")
     assert train.main(common + ["--devices", devices, "--ensemble", "4", "--ensemble-layout", layout, "--seed", "7",
                                 "--out", ens_out]) == 0

@@ -62,6 +62,22 @@ def test_epoch_line_is_printed(tmp_path, capsys):
         assert word in lines[0]
 
 
+def test_val_limit_validates_on_the_first_n_validation_samples(tmp_path, capsys, data_dir):
+    """--val-limit 300: validation figures over the first 300 test images, exactly what
+    evaluating the saved parameters on those 300 gives."""
+    from gluon_gpu.data import load_dataset
+    out = str(tmp_path / "r")
+    assert train.main(["--devices", "cpu", "--out", out, "--epochs", "1", "--limit", "512", "--val-limit", "300",
+                       "--quiet"]) == 0
+    assert "512 samples (300 to validate) from" in capsys.readouterr().out
+    data = load_dataset(data_dir=data_dir, val_limit=300)
+    assert data.val_x.shape[0] == 300 and data.train_x.shape[0] == 60000
+    x = fashion_transform()(nd.array(data.val_x, dtype="uint8"))
+    predicted = load_model(os.path.join(out, "net.params"), mx.cpu(0))(x).asnumpy().argmax(1)
+    accuracy = float((predicted == data.val_y).mean())
+    assert read_metrics(out)["epochs"][0]["val_acc"] == pytest.approx(accuracy, abs=1e-6)
+
+
 def test_loader_pipeline_trains_too(tmp_path):
     out = str(tmp_path / "r")
     assert train.main(["--devices", "cpu*2", "--pipeline", "loader", "--num-workers", "0",

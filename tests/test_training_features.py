@@ -237,8 +237,8 @@ def test_sync_bn_on_two_devices_matches_one_device_with_the_whole_batch(tmp_path
     def run(devices, *flags):
         out = str(tmp_path / (devices.replace("*", "x") + "".join(flags)))
         done = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--model", "cifar_resnet20_v1",
-                               "--devices", devices, "--batch-size", "64", "--limit", "64", "--epochs", "1",
-                               "--lr", "0.1", "--quiet", "--out", out, *flags], cwd=REPO, capture_output=True,
+                               "--devices", devices, "--batch-size", "64", "--limit", "64", "--val-limit", "256",
+                               "--epochs", "1", "--lr", "0.1", "--quiet", "--out", out, *flags], cwd=REPO, capture_output=True,
                               text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
         assert done.returncode == 0, done.stderr
         return out, {k: v.asnumpy() for k, v in mx.nd.load(os.path.join(out, "net.params")).items()}
@@ -258,7 +258,7 @@ def test_sync_bn_resumes_exactly(tmp_path):
                               text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
         assert done.returncode == 0, done.stderr
     flags = ["--model", "cifar_resnet20_v1", "--devices", "cpu*2", "--sync-bn", "--batch-size", "64",
-             "--limit", "128", "--lr", "0.05", "--momentum", "0.9", "--quiet"]
+             "--limit", "128", "--val-limit", "256", "--lr", "0.05", "--momentum", "0.9", "--quiet"]
     straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
     train_cli(*flags, "--epochs", "2", "--out", straight)
     train_cli(*flags, "--epochs", "1", "--out", out)

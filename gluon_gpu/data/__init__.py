@@ -10,7 +10,7 @@ from .spec import DataSpec
 DATASETS = ("fashion-mnist", "folder", "npz")
 
 
-def load_dataset(name="fashion-mnist", data_dir=None, image_size=None, task=None, limit=None):
+def load_dataset(name="fashion-mnist", data_dir=None, image_size=None, task=None, limit=None, val_limit=None):
     """The training and validation data of ``--dataset name`` (see README "Data")."""
     if name == "fashion-mnist":
         if image_size or task not in (None, "classify"):
@@ -32,7 +32,7 @@ def load_dataset(name="fashion-mnist", data_dir=None, image_size=None, task=None
             data = read_npz(data_dir, task)
     else:
         raise DataError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}")
-    return data.limited(limit)
+    return data.limited(limit, val_limit)
 
 
 __all__ = ["DATASETS", "Dataset", "DataSpec", "DevicePipeline", "LoaderPipeline", "PIPELINES",

@@ -20,11 +20,11 @@ class Dataset:
     val_y: np.ndarray
     spec: DataSpec
 
-    def limited(self, limit):
-        """The first ``limit`` training samples only (quick runs, tests)."""
-        if limit is None:
-            return self
-        return Dataset(self.train_x[:limit], self.train_y[:limit], self.val_x, self.val_y, self.spec)
+    def limited(self, limit=None, val_limit=None):
+        """The first ``limit`` training and ``val_limit`` validation samples only (quick
+        runs, tests; None: all)."""
+        return Dataset(self.train_x[:limit], self.train_y[:limit], self.val_x[:val_limit], self.val_y[:val_limit],
+                       self.spec)
 
 
 def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=None, std=None,

@@ -52,6 +52,7 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     task: Optional[str] = _flag(None, "classify or regress (default: from the labels: integers classify)",
                                 choices=TASKS)
     limit: Optional[int] = _flag(None, "use only the first N training samples", type=positive_int)
+    val_limit: Optional[int] = _flag(None, "validate on only the first N validation samples", type=positive_int)
     pipeline: str = _flag("device", "device: data on the devices, batches by index; loader: Gluon "
                           "DataLoader", choices=PIPELINES)
     # the model and its training

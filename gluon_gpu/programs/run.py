@@ -46,7 +46,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                         "batches on one device, so its BatchNorm has nothing to synchronize; leave --sync-bn out")
     if config.seed + config.ensemble - 1 > MAX_SEED:
         raise UserError(f"--seed {config.seed} with --ensemble {config.ensemble}: member seeds pass {MAX_SEED}")
-    data = data or load_dataset(config.dataset, config.data_dir, config.image_size, config.task, config.limit)
+    data = data or load_dataset(config.dataset, config.data_dir, config.image_size, config.task, config.limit,
+                                config.val_limit)
     spec = data.spec
     if saved_spec is not None:
         DataSpec.from_dict(saved_spec).check_compatible(spec, f"the data ({spec.source})")

@@ -16,7 +16,7 @@ import mxnet as mx
 from .. import __version__
 from ..core.callbacks import MetricsFile
 from ..core.checkpoint import checkpoints, complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
-from ..core.devices import THREAD_VARIABLES, describe, devices, parse_devices, require_thread_settings, thread_settings
+from ..core.devices import describe, devices, parse_devices, require_thread_settings, thread_settings
 from ..core.errors import DivergedError, UserError, WriteError
 from ..core.kvstores import default_kvstore
 from ..core.loop import Interrupted, StopFlag, fit
@@ -179,7 +179,7 @@ def plan_line(config, run, ctx, out):
             f"{exchange_plan(dp, config, ctx)} | batch {config.batch_size} "
             f"({batch_plan(dp, run.train, config.batch_size, ctx)}) | "
             f"{spec.dataset} "
-            f"{'x'.join(map(str, spec.input_shape))}, {task}, {run.train.n} samples from {spec.source} | out {out}")
+            f"{'x'.join(map(str, spec.input_shape))}, {task}, {run.train.n} samples ({run.val.n} to validate) from {spec.source} | out {out}")
 
 
 def batch_plan(dp, pipeline, batch_size, ctx):
@@ -209,17 +209,15 @@ def main(argv=None):
         config, state = resume_config(argv if argv is not None else sys.argv[1:], args.resume)
     # MXNet reads these at start: the program re-executes itself with them (--sync-bn
     # needs them; an ensemble only runs faster, so a library call goes on without)
-    extra = {}
+    extra, workers = {}, 0
     if argv is None:
         extra.update(ensemble_settings(config.ensemble, config.model, config.fused_conv))
-        workers = not config.engine_threads and ensemble_engine_workers(
-            config.ensemble, config.ensemble_layout, parse_devices(config.devices))
-        if workers:
-            extra[THREAD_VARIABLES["engine_threads"]] = str(workers)
+        if not config.engine_threads:  # an ensemble on one CPU context: a worker per core
+            workers = ensemble_engine_workers(config.ensemble, config.ensemble_layout, parse_devices(config.devices))
     if config.sync_bn:
         extra.update(sync_bn_settings(config.engine_threads))
-    if extra:
-        require_thread_settings(restart=argv is None, extra=extra)
+    if extra or workers:
+        require_thread_settings(engine_threads=workers, restart=argv is None, extra=extra)
     with devices(config.devices) as ctx:
         out = config.out if args.resume else prepare_out_dir(config.out)
         run = build_run(config, ctx, saved_spec=(state or {}).get("data"))  # checks batch, options, data first
