@@ -452,6 +452,32 @@ def test_an_ensemble_on_one_context_trains_its_members_at_once_each_as_its_seed_
             np.testing.assert_allclose(member[name], value, rtol=1e-4, atol=1e-5, err_msg=f"member {k} {name}")
 
 
+@pytest.mark.skipif(cpu_contexts() < 2, reason="one core: an ensemble on one context keeps one engine worker")
+def test_members_side_by_side_on_one_context_resume_exactly_from_inside_an_epoch(tmp_path, monkeypatch):
+    """The trainer's default for an ensemble on one CPU context (auto: separate, on an
+    engine worker per core), stopped by SIGINT inside epoch 2 and resumed by the CLI,
+    ends where a straight run of the same layout on one worker in this process ends."""
+    from test_checkpoints import LONGER, assert_same_run, checkpoint_names, let_it_work, start, wait_for
+    monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
+    args = LONGER + ["--ensemble", "2", "--val-limit", "512"]
+    straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
+    assert train.main(args + ["--ensemble-layout", "separate", "--out", straight]) == 0
+    proc = start(args + ["--log-interval", "1", "--out", out])
+    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))  # epoch 1 done and checkpointed
+    let_it_work(proc, 0.1)  # inside epoch 2 (200 batches of two members)
+    proc.send_signal(signal.SIGINT)
+    said, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "2 x lenet (separate layout)" in said and "2 engine workers per context" in said
+    inside = checkpoint_names(out)[-1]
+    assert inside.startswith("epoch-00001-batch-") and not inside.endswith("-0000000")
+    resumed = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--resume", out, "--quiet"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and "skipping" not in resumed.stderr, resumed.stderr
+    assert "2 engine workers per context" in resumed.stdout
+    assert_same_run(straight, out)
+
+
 def test_a_fused_resnet_computes_exactly_its_members_gradients_in_float64():
     """In float32 a fused member drifts from its seed alone: BatchNorm's backward
     subtracts nearly equal sums, which magnifies the rounding of grouped against single
