@@ -287,6 +287,20 @@ def test_restarts_are_bounded(tmp_path):
     assert job_processes(job) == []
 
 
+def test_a_worker_s_usage_error_is_not_restarted_and_exits_2():
+    """Status 2 is a mistake in the worker's command (gluon_gpu's user errors, argparse,
+    a missing script): every restart would repeat it."""
+    job = uuid.uuid4().hex
+    proc = run_launch(["-n", "1", "--grace", "2", "--max-restarts", "2", "--", sys.executable, "-m",
+                       "gluon_gpu.train", "--epochs", "0"], job)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "restart" not in err and "--epochs: must be a positive integer" in err
+    assert err.strip().splitlines()[-1] == ("gluon_gpu.launch: worker 0 exited with status 2; stopped all 3 "
+                                            "processes of the job")
+    assert job_processes(job) == []
+
+
 def test_a_restarted_job_needs_out(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(launch.RESTART_ENV, "1")
     assert train.main(["--devices", "cpu", "--dry-run"]) == 2

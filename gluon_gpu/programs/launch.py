@@ -173,15 +173,16 @@ class Job:
         return [r for r in self.roles if r.role == "worker"]
 
     def watch(self, deadline, grace, stop):
-        """None when every worker succeeded, else ``(kind, reason)``: kind 'died',
-        'signal' or 'timeout', reason a phrase for the one line."""
+        """None when every worker succeeded, else ``(kind, reason)``: kind 'refused' (a
+        process exited with status 2, a mistake in its command that a restart would
+        repeat), 'died', 'signal' or 'timeout', reason a phrase for the one line."""
         while True:
             if stop:
                 return "signal", f"stopped by {signal.Signals(stop[0]).name}"
             for r in self.roles:
                 code = r.poll()
                 if code is not None and code != 0:  # a clean exit: servers leave as workers finish
-                    return "died", f"{r.name} {_describe(code)}"
+                    return "refused" if code == 2 else "died", f"{r.name} {_describe(code)}"
             if all(r.poll() == 0 for r in self.workers()):
                 self._wait(self.roles, grace)
                 return None
@@ -256,4 +257,4 @@ def main(argv=None):
         if kind != "died":
             break
     print(f"gluon_gpu.launch: {failure}; stopped all {len(job.roles)} processes of the job", file=sys.stderr)
-    return 128 + stop[0] if stop else 1
+    return 128 + stop[0] if stop else 2 if kind == "refused" else 1
