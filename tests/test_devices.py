@@ -1,5 +1,6 @@
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 
@@ -30,13 +31,27 @@ def test_cpu_specs():
 
 def test_all_without_gpus_is_a_cpu_context_per_thread_group_filling_the_cores(gpus, monkeypatch):
     gpus(0)
-    monkeypatch.setattr(dev.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(dev, "usable_cpus", lambda: 8)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert dev.parse_devices("all") == [mx.cpu(i) for i in range(4)]
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
     assert dev.parse_devices("all") == [mx.cpu(0)]
     monkeypatch.delenv("OMP_NUM_THREADS")  # MXNet's default: half the logical CPUs per operator
     assert dev.parse_devices("all") == [mx.cpu(0), mx.cpu(1)]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not shutil.which("taskset"),
+                    reason="needs two CPUs and taskset")
+def test_all_fills_the_cpus_the_process_may_use_not_the_machine_s():
+    """A container's cpuset or taskset limits the CPUs: os.cpu_count() still counts the
+    machine's, so `all` (and the OpenMP default) go by the affinity mask."""
+    probe = ("from gluon_gpu.core.devices import parse_devices, thread_settings; "
+             "print(parse_devices('all'), thread_settings()['omp_threads'])")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, env={**env, "PYTHONPATH": REPO})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[cpu(0)]", "1"]
 
 
 def test_gpu_specs_with_four_gpus(gpus):
@@ -83,7 +98,7 @@ def test_thread_settings_read_the_environment(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS")
     defaults = dev.thread_settings()
-    assert defaults["omp_threads"] == max(1, os.cpu_count() // 2) and defaults["engine_threads"] == 1
+    assert defaults["omp_threads"] == max(1, dev.usable_cpus() // 2) and defaults["engine_threads"] == 1
 
 
 def test_thread_flags_in_process_are_refused_unless_already_in_effect(monkeypatch):

@@ -25,6 +25,7 @@ from gluon_gpu.models.fused_conv import is_fused
 from gluon_gpu.models.fused_members import FusedMembers
 from gluon_gpu.models.member_stack import MemberStack, pipeline_layout
 from gluon_gpu.models import init_model
+from gluon_gpu.core import devices as devices_module
 from gluon_gpu.core.devices import cpu_contexts
 from gluon_gpu.models.init import ensemble_engine_workers, ensemble_layout
 
@@ -412,7 +413,7 @@ def test_an_ensemble_on_one_context_gets_an_engine_worker_per_core_unless_told(m
     when MXNET_CPU_WORKER_NTHREADS (--engine-threads) already says."""
     monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(devices_module, "usable_cpus", lambda: 4)
     cpu = [mx.cpu(0)]
     assert [ensemble_engine_workers(k, "auto", cpu) for k in (1, 2, 3, 8)] == [0, 2, 3, 4]
     assert ensemble_engine_workers(8, "separate", cpu) == 4

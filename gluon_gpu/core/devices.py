@@ -21,6 +21,7 @@ import sys
 import mxnet as mx
 from mxnet import npx
 
+from .environment import usable_cpus
 from .errors import DeviceError, UserError
 
 _SPEC = re.compile(r"^(?P<kind>cpu|gpu)(?:(?P<star>\*(?P<count>\d+))|(?::(?P<ids>\d+(?:,\d+)*)))?$")
@@ -76,7 +77,7 @@ CONTEXTS_PER_CORE = 8  # past this, contexts only add copies and engine threads
 def max_cpu_contexts():
     """The most CPU contexts a spec may ask for: cpu*1000 allocated until the machine ran
     out of memory; a bound checked up front is one clear line instead."""
-    return CONTEXTS_PER_CORE * (os.cpu_count() or 1)
+    return CONTEXTS_PER_CORE * usable_cpus()
 
 
 def _gpus(n):
@@ -110,7 +111,7 @@ def cpu_contexts():
     """CPU contexts that keep every core busy: cores / OpenMP threads per operator. One
     context cannot: its operators run one after another on one engine worker, and more
     OpenMP threads per operator made LeNet slower here, not faster."""
-    return max(1, (os.cpu_count() or 1) // thread_settings()["omp_threads"])
+    return max(1, usable_cpus() // thread_settings()["omp_threads"])
 
 
 def thread_settings():
@@ -124,7 +125,7 @@ def thread_settings():
             return int(os.environ[name])
         except (KeyError, ValueError):
             return default
-    return {"omp_threads": number("OMP_NUM_THREADS", max(1, (os.cpu_count() or 2) // 2)),
+    return {"omp_threads": number("OMP_NUM_THREADS", max(1, usable_cpus() // 2)),
             "engine_threads": number("MXNET_CPU_WORKER_NTHREADS", 1),
             "cpu_temp_copy": number("MXNET_CPU_TEMP_COPY", 4),
             "cpu_parallel_rand_copy": number("MXNET_CPU_PARALLEL_RAND_COPY", 1)}

@@ -15,10 +15,19 @@ ENGINES = ("NaiveEngine", "ThreadedEngine", "ThreadedEnginePerDevice")
 SECONDS = ("GLUON_GPU_CHECKPOINT_PAUSE",)  # a fault-injection hook of the tests (checkpoint.py)
 
 
+def usable_cpus():
+    """The logical CPUs this process may run on: its affinity mask (a container's cpuset,
+    ``taskset``), which ``os.cpu_count()`` ignores, else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
 def problem(env=None):
     """The first bad variable as a one-line message, or None."""
     env = os.environ if env is None else env
-    most = THREADS_PER_CORE * (os.cpu_count() or 1)
+    most = THREADS_PER_CORE * usable_cpus()
     for name in THREAD_COUNTS:
         value = env.get(name)
         if value is None:

@@ -1,7 +1,6 @@
 """Timing real training epochs for the benchmark: ours for a spec and a configuration,
 the baseline loop, the summary row of a set of runs, and the text table of rows (shared
 by bench.py and its ensemble and variant modes)."""
-import os
 import platform
 import resource
 import statistics
@@ -12,6 +11,7 @@ import mxnet as mx
 
 from .. import __version__
 from ..core.devices import gpu_count, parse_devices, thread_settings
+from ..core.environment import usable_cpus
 from ..core.loop import train_epoch
 from ..models.fused_conv import is_fused
 from ..models.zoo import model_for
@@ -96,7 +96,7 @@ def machine_info():
         except (OSError, subprocess.SubprocessError):
             gpus = ["unknown"] * gpu_count()
     features = [f.name for f in mx.runtime.Features().values() if f.enabled]
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpus": [g for g in gpus if g],
+    return {"cpu": cpu, "cores": usable_cpus(), "gpus": [g for g in gpus if g],
             "mxnet": mx.__version__, "mxnet_features": features, "python": platform.python_version(),
             "gluon_gpu": __version__, "threads": thread_settings()}
 
