@@ -19,6 +19,7 @@ layout).
 import itertools
 import os
 import tempfile
+from typing import NamedTuple
 
 from tqdm import tqdm
 
@@ -33,13 +34,22 @@ from .bench_timing import TIMES, figure, machine_info, peak_rss_mib, summarize, 
 from .cli import progress_enabled
 
 
+class Planned(NamedTuple):
+    """One row to time. ``workers``: the engine workers the trainer would start that
+    ensemble with (``ensemble_engine_workers``: one CPU context) when this process runs
+    with MXNet's one; 0: as this process runs."""
+    spec: str
+    asked: str
+    resolved: str
+    members: int
+    workers: int
+
+
 def plan(args, model):
-    """``[(spec, layout asked, layout resolved, K, engine workers)]``: K=1 once, on the
-    first spec, then every K > 1 for each spec and each distinct resolved layout. Engine
-    workers: those the trainer would start that ensemble with (``ensemble_engine_workers``:
-    one CPU context) when this process runs with MXNet's one; 0: as this process runs."""
+    """``[Planned]``: K=1 once, on the first spec, then every K > 1 for each spec and each
+    distinct resolved layout."""
     sizes = sorted(set(args.ensemble) - {1})
-    rows, seen = [(args.devices[0], "-", "-", 1, 0)], set()
+    rows, seen = [Planned(args.devices[0], "-", "-", 1, 0)], set()
     for spec in args.devices:
         ctx = parse_devices(spec)
         for asked in args.ensemble_layout:
@@ -48,7 +58,7 @@ def plan(args, model):
                 resolved = ensemble_layout(asked, model, ctx, workers)
                 if (spec, resolved, k) not in seen:
                     seen.add((spec, resolved, k))
-                    rows.append((spec, asked, resolved, k, workers))
+                    rows.append(Planned(spec, asked, resolved, k, workers))
     return rows
 
 
@@ -80,10 +90,11 @@ def time_in_child(args, parser, bar, spec, asked, sizes, workers):
 def bench_ensembles(args, parser, bar, data, runs):
     model = model_for(args.model, data.spec.input_shape)
     rows = []
-    for (spec, asked, workers), group in itertools.groupby(runs, key=lambda run: run[:2] + run[4:]):
+    by_spec_and_layout = itertools.groupby(runs, key=lambda run: (run.spec, run.asked, run.workers))
+    for (spec, asked, workers), group in by_spec_and_layout:
         group = list(group)
         if workers:
-            rows += time_in_child(args, parser, bar, spec, asked, [run[3] for run in group], workers)
+            rows += time_in_child(args, parser, bar, spec, asked, [run.members for run in group], workers)
             continue
         for _, _, resolved, k, _ in group:
             single = time_single(args, parser, bar, data)  # K=1 just before: the ratio's two sides a minute apart

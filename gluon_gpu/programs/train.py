@@ -179,7 +179,8 @@ def plan_line(config, run, ctx, out):
             f"{exchange_plan(dp, config, ctx)} | batch {config.batch_size} "
             f"({batch_plan(dp, run.train, config.batch_size, ctx)}) | "
             f"{spec.dataset} "
-            f"{'x'.join(map(str, spec.input_shape))}, {task}, {run.train.n} samples ({run.val.n} to validate) from {spec.source} | out {out}")
+            f"{'x'.join(map(str, spec.input_shape))}, {task}, {run.train.n} samples ({run.val.n} to validate) "
+            f"from {spec.source} | out {out}")
 
 
 def batch_plan(dp, pipeline, batch_size, ctx):
