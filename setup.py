@@ -28,5 +28,7 @@ setup(
         "gluon-gpu-train=gluon_gpu.train:main",
         "gluon-gpu-evaluate=gluon_gpu.evaluate:main",
         "gluon-gpu-predict=gluon_gpu.predict:main",
+        "gluon-gpu-bench=gluon_gpu.bench:main",
+        "gluon-gpu-launch=gluon_gpu.launch:main",
     ]},
 )

@@ -184,7 +184,7 @@ def test_signal_checkpoints_mid_epoch_and_resume_is_exact(straight_longer, tmp_p
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
-    assert "resume with: python -m gluon_gpu.train --resume " + out in err
+    assert f"resume with: {sys.executable} -m gluon_gpu.train --resume {out}" in err
     assert "Traceback" not in err
     _, state = latest_checkpoint(out)
     assert state["epoch"] == 1 and state["batch"] > 0, state  # stopped inside epoch 2

@@ -130,8 +130,31 @@ def test_the_run_lock_refuses_a_second_holder_and_is_free_after(tmp_path):
         with pytest.raises(UserError, match=f"in use by process {os.getpid()}"):
             with RunLock(str(tmp_path)):
                 pass
+    assert not os.path.exists(tmp_path / ".lock")  # removed at a clean exit
     with RunLock(str(tmp_path)):  # released on exit
         pass
+
+
+def test_a_writer_that_opened_a_lock_file_removed_meanwhile_locks_the_new_one(tmp_path, monkeypatch):
+    """The file a holder removes at its exit may have been opened by the next writer
+    already: that writer must not hold a lock nobody else can see."""
+    from gluon_gpu.core import files
+    from gluon_gpu.core.errors import UserError
+    opened = []
+    real_open = os.open
+
+    def open_then_lose_the_race(path, *args):
+        fd = real_open(path, *args)
+        if path.endswith(".lock") and not opened:  # the first open: the old file is removed under us
+            opened.append(fd)
+            os.remove(path)
+        return fd
+    monkeypatch.setattr(files.os, "open", open_then_lose_the_race)
+    with files.RunLock(str(tmp_path)):
+        monkeypatch.setattr(files.os, "open", real_open)
+        with pytest.raises(UserError, match="in use"):  # a third writer sees the held file
+            with files.RunLock(str(tmp_path)):
+                pass
 
 
 def test_ctrl_c_during_start_up_is_one_line(tmp_path):
@@ -223,7 +246,9 @@ def test_an_unreadable_state_json_is_skipped_with_a_line(runs, tmp_path, capsys)
 
 def test_the_printed_resume_command_works_when_pasted(tmp_path):
     """A run directory with a space and a quote: the command printed after Ctrl-C is
-    shell-quoted, and running it as printed continues the run."""
+    shell-quoted, names this interpreter (a bare ``python`` on the PATH is not the
+    virtualenv's), and pasted into a shell that activated nothing, elsewhere, it
+    continues the run."""
     out = str(tmp_path / "my run's dir")
     proc = start(SMALL + ["--epochs", "50", "--out", out])
     wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))
@@ -231,10 +256,10 @@ def test_the_printed_resume_command_works_when_pasted(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     command = err.strip().splitlines()[-1].split("resume with: ", 1)[1]
-    argv = shlex.split(command)
-    assert argv[:4] == ["python", "-m", "gluon_gpu.train", "--resume"] and argv[4] == out
-    resumed = subprocess.run([sys.executable] + argv[1:] + ["--epochs", "3"], cwd=REPO, capture_output=True,
-                             text=True, env={**os.environ, "PYTHONPATH": REPO})
+    assert shlex.split(command) == [sys.executable, "-m", "gluon_gpu.train", "--resume", out]
+    bare = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}  # no venv, no PYTHONPATH
+    resumed = subprocess.run(["bash", "-c", command + " --epochs 3 --quiet"], cwd=tmp_path, capture_output=True,
+                             text=True, env=bare)
     assert resumed.returncode == 0, resumed.stderr
     assert len(json.load(open(os.path.join(out, "metrics.json")))["epochs"]) == 3
 
@@ -259,7 +284,7 @@ def test_a_full_disk_is_one_line_leaves_no_temporary_and_resumes(runs, small_dis
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gluon_gpu.train: error: cannot write "), err
     assert "No space left on device" in err[0]
-    assert f"continue from its epoch 2, batch 0 with: python -m gluon_gpu.train --resume {out}" in err[0]
+    assert f"continue from its epoch 2, batch 0 with: {sys.executable} -m gluon_gpu.train --resume {out}" in err[0]
     leftovers = [os.path.join(d, n) for d, dirs, files in os.walk(out) for n in dirs + files
                  if n.startswith(".") and n != ".lock"]
     assert leftovers == []  # every temporary removed

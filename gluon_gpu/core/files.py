@@ -115,25 +115,43 @@ def write_json(path, obj):
 class RunLock:
     """An exclusive lock on a run directory for the life of its one writer: ``flock`` on
     ``DIR/.lock``, which names the holder's PID. The kernel drops the lock when the holder
-    dies, however it dies, so a lock left by a dead process is simply taken over."""
+    dies, however it dies, so a lock left by a dead process is simply taken over. A
+    writer that ends normally removes the file while still holding the lock; a writer that
+    locked a file removed meanwhile (it opened the old one) tries again on the new one."""
 
     def __init__(self, directory):
         self.path = os.path.join(directory, ".lock")
         self._fd = None
 
     def __enter__(self):
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise UserError(f"run directory {os.path.dirname(self.path)} is in use by process {holder} "
-                            "(another train or --resume); wait for it or choose another --out") from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise UserError(f"run directory {os.path.dirname(self.path)} is in use by process {holder} "
+                                "(another train or --resume); wait for it or choose another --out") from None
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # its holder removed it after we opened it: lock the new one
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         return self
 
     def __exit__(self, *_):
-        os.close(self._fd)  # closing releases the lock; the file stays (harmless, reused)
+        try:
+            os.remove(self.path)  # still holding the lock: nobody else holds this file
+        except OSError:
+            pass
+        os.close(self._fd)
+
+
+def _same_file(fd, path):
+    """Whether the open file ``fd`` is still the one at ``path``."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False

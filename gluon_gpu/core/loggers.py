@@ -4,8 +4,9 @@ those of callbacks.py, plus ``on_log(step_record)`` at the loop's sync points.""
 import csv
 import io
 import os
+import sys
 
-from .errors import UserError
+from .errors import UserError, WriteError
 from .files import write_text
 
 POSITION = ("kind", "epoch", "batch", "step")
@@ -100,3 +101,24 @@ class TensorBoard:
 
     def on_train_end(self, history, status, reason=None):
         self.writer.close()
+
+
+class TrainLog:
+    """``RUN/train.log``: the lines a run shows a person (its plan, every epoch, stops, the
+    end), appended as they are printed, so the run folder tells its story after the
+    terminal is gone; a resumed run appends. ``log(line)`` prints and appends (``stream``:
+    stderr for errors and warnings), ``record(line)`` only appends."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __call__(self, line, stream=None):
+        print(line, file=stream or sys.stdout, flush=True)
+        self.record(line)
+
+    def record(self, line):
+        try:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+        except OSError as e:
+            raise WriteError(self.path, e.strerror or str(e)) from None

@@ -69,14 +69,14 @@ class DeviceSums:
 
     def load_state(self, state):
         """Restore ``state()`` output (all on the first device if the device count changed;
-        without ``member_samples``, from before 0.4: every member saw ``samples``)."""
+        older versions' states through compat.upgrade_metric_state)."""
         self.reset()
         sums = state["sums"]
         if len(sums) != len(self.ctx):
             sums = [list(np.sum(sums, axis=0))] + [[0.0] * self.width] * (len(self.ctx) - 1)
         for array, value in zip(self._sums, sums):
             array[:] = nd.array(value, ctx=array.context)
-        self.seen[:] = state.get("member_samples", state["samples"])
+        self.seen[:] = state["member_samples"]
 
 
 def report(vector, samples, names, members):

@@ -1,11 +1,6 @@
 """LeNet as MXNet's 'Use GPUs' tutorial writes it, for any input shape and output width."""
 from mxnet.gluon import nn
 
-# Until 0.1.x our LeNet had an explicit Flatten at index 4, which shifted the dense
-# layers' file keys by one; the tutorial's Sequential has none (Dense flattens itself).
-_OLD_KEYS = {"5.": "4.", "6.": "5.", "7.": "6."}
-
-
 def lenet(outputs=10, channels=1, fused=False):
     """The tutorial's LeNet (its parameter files and ours are interchangeable),
     hybridizable, for ``channels``-channel images and ``outputs`` outputs.
@@ -42,11 +37,3 @@ def conv_stages(channels=1, members=1, fused=False):
             nn.MaxPool2D(pool_size=2, strides=2),
             nn.Conv2D(16 * k, 3, groups=k, in_channels=6 * k, activation="relu"),
             nn.MaxPool2D(pool_size=2, strides=2))
-
-
-def upgrade_keys(arrays):
-    """Parameter-file keys of our LeNet before 0.2 (explicit Flatten: dense layers at 5, 6,
-    7) as today's (and the tutorial's: 4, 5, 6); other files pass unchanged."""
-    if "7.weight" not in arrays or "4.weight" in arrays:
-        return arrays
-    return {_OLD_KEYS.get(k[:2], k[:2]) + k[2:]: v for k, v in arrays.items()}

@@ -5,15 +5,27 @@ import os
 
 import mxnet as mx
 
+from ..core.compat import LAYOUT_BEFORE_0_3, upgrade_config, upgrade_lenet_keys
 from ..core.errors import ParamsError, UserError
 from ..core.modes import forward_zeros
 from ..core.params import assign_parameters, last_line, read_parameter_file
 from .init import fused_for
-from .lenet import upgrade_keys
 from .member_stack import MemberStack
 from .zoo import get_model
 
 DEFAULT_INPUT, DEFAULT_OUTPUTS = (1, 28, 28), 10  # FashionMNIST, where no run was recorded
+
+
+def params_in(path):
+    """The parameter file ``path`` names: itself, or for a run folder its ``best.params``
+    (the best epoch by the run's monitor), else its ``net.params`` (the last)."""
+    if not os.path.isdir(path):
+        return path
+    for name in ("best.params", "net.params"):
+        if os.path.isfile(os.path.join(path, name)):
+            return os.path.join(path, name)
+    raise ParamsError(f"{path} is a folder without best.params or net.params: not a finished run "
+                      "(a stopped one continues with --resume)")
 
 
 def recorded_run(params_path):
@@ -21,14 +33,14 @@ def recorded_run(params_path):
     'members', 'layout', 'input_shape', 'outputs', 'data'}``; defaults (LeNet on
     FashionMNIST's shape) where there is no such file. Ensembles before 0.3 were fused."""
     meta = os.path.join(os.path.dirname(os.path.abspath(params_path)), "metrics.json")
-    found = {"model": "lenet", "members": 1, "layout": "fused", "input_shape": DEFAULT_INPUT,
+    found = {"model": "lenet", "members": 1, "layout": LAYOUT_BEFORE_0_3, "input_shape": DEFAULT_INPUT,
              "outputs": DEFAULT_OUTPUTS, "data": None}
     try:
         with open(meta) as f:
             record = json.load(f)
         config = record["config"]
         found.update(model=config["model"], members=int(config.get("ensemble", 1)),
-                     layout=config.get("ensemble_layout", "fused"))
+                     layout=upgrade_config(config)["ensemble_layout"])
         if record.get("data"):  # runs before 0.2 trained on FashionMNIST only
             found.update(input_shape=tuple(record["data"]["input_shape"]), outputs=record["data"]["outputs"],
                          data=record["data"])
@@ -39,7 +51,7 @@ def recorded_run(params_path):
 
 def adapt_keys(model, members):
     """The key map for ``model``'s files of older gluon_gpu versions, or None."""
-    return upgrade_keys if model == "lenet" and members == 1 else None
+    return upgrade_lenet_keys if model == "lenet" and members == 1 else None
 
 
 def load_model(path, ctx=None, model=None, members=None, input_shape=None, outputs=None, fused_conv="auto"):

@@ -2,13 +2,40 @@
 into one line on stderr with exit status 2."""
 import argparse
 import functools
+import shlex
 import sys
 
 from ..core.errors import UserError
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help as a person reads it: the description and examples as written, each flag's
+    default after its help (none for flags off by default or without a value)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        off = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if not off and action.option_strings and "%(default)" not in text:
+            default = " ".join(map(str, action.default)) if isinstance(action.default, list) else action.default
+            shown = str(default).replace("%", "%%") or "''"
+            text += f" (default: {shown})"
+        return text
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr (exit 2), not usage plus error."""
+    """argparse, but a bad flag is one line on stderr (exit 2), not usage plus error; help
+    with defaults, flags in named groups (``group``), docstrings' ``markup`` plain."""
+
+    def __init__(self, *args, description=None, **kwargs):
+        super().__init__(*args, description=(description or "").replace("``", ""),
+                         formatter_class=HelpFormatter, **kwargs)
+        self._groups = {}
+
+    def group(self, title):
+        """The argument group ``title`` (made on first use): --help lists its flags together."""
+        if title not in self._groups:
+            self._groups[title] = self.add_argument_group(title)
+        return self._groups[title]
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
@@ -67,6 +94,13 @@ def parse_args(p, argv=None):
     from ..core.devices import require_thread_settings
     require_thread_settings(args.omp_threads, args.engine_threads, restart=argv is None)
     return args
+
+
+def command(program, *args):
+    """The shell command that runs gluon_gpu ``program`` with ``args`` in this very
+    environment: this interpreter, by its path (the ``python`` on a user's PATH may be one
+    without gluon_gpu or MXNet, outside the virtualenv)."""
+    return " ".join(shlex.quote(str(a)) for a in (sys.executable, "-m", f"gluon_gpu.{program}") + args)
 
 
 def check_batch(batch_size, ctx):

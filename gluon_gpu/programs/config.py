@@ -6,6 +6,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Optional
 
 from ..core.buckets import DEFAULT_BUCKET_MB
+from ..core.compat import upgrade_config
 from ..core.kvstores import KVSTORES
 from ..core.precision import DTYPES
 from ..data import DATASETS, PIPELINES
@@ -118,14 +119,22 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
 
     @classmethod
     def from_dict(cls, values):
-        """A config from a saved one; fields it predates take their defaults, except the
-        ensemble layout: every ensemble before 0.3 was fused."""
+        """A config from a saved one (compat.upgrade_config: of any version)."""
         known = {f.name for f in fields(cls)}
-        values = {"ensemble_layout": "fused", **values}
+        values = upgrade_config(values)
         return cls(**{k: v for k, v in values.items() if k in known})
 
 
 RESUMABLE = frozenset(f.name for f in fields(RunConfig) if f.metadata["resumable"])
+# --help lists the flags in these groups, in this order.
+GROUPS = {"devices": ("devices", "fused_conv", "omp_threads", "engine_threads", "bucket_mb", "kvstore", "dtype", "amp"),
+          "data": ("dataset", "data_dir", "image_size", "task", "limit", "val_limit", "pipeline", "num_workers"),
+          "model": ("model", "ensemble", "ensemble_layout", "sync_bn", "hybridize", "seed"),
+          "optimization": ("epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "lr_mode", "lr_decay",
+                           "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate", "clip_grad"),
+          "checkpoints": ("out", "save_period", "keep", "monitor", "early_stop"),
+          "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}
+GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
 ALL_FLAGS = tuple(f.name for f in fields(RunConfig))
 # The flags every command shares (evaluate and predict add their own).
 COMMON_FLAGS = ("devices", "fused_conv", "omp_threads", "engine_threads", "batch_size", "data_dir", "quiet")
@@ -139,6 +148,9 @@ def add_flags(parser, names=ALL_FLAGS, many=(), defaults=None):
     """Add RunConfig's flags ``names`` to ``parser``; ``many``: flags that take several
     values (the benchmark compares them); ``defaults``: other defaults by name."""
     by_name = {f.name: f for f in fields(RunConfig)}
+    for group in GROUPS:  # made in order, whichever flags come first
+        if any(GROUP_OF[name] == group for name in names):
+            parser.group(group)
     for name in names:
         f = by_name[name]
         meta = {k: v for k, v in f.metadata.items() if k not in ("help", "resumable")}
@@ -146,4 +158,5 @@ def add_flags(parser, names=ALL_FLAGS, many=(), defaults=None):
         if name in many:
             meta["nargs"] = "+"
             default = None if default is None else [default]
-        parser.add_argument(flag_name(name), dest=name, default=default, help=f.metadata["help"], **meta)
+        parser.group(GROUP_OF[name]).add_argument(flag_name(name), dest=name, default=default,
+                                                  help=f.metadata["help"], **meta)

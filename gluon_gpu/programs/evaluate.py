@@ -4,7 +4,7 @@ from ..core.devices import describe, devices
 from ..core.heads import head_for
 from ..core.parallel import DataParallel
 from ..data import DataSpec, DevicePipeline, load_dataset
-from ..models import load_model, pipeline_layout, recorded_run
+from ..models import load_model, params_in, pipeline_layout, recorded_run
 from .cli import Parser, check_batch, main_guard, parse_args
 from .config import COMMON_FLAGS, add_flags
 
@@ -12,8 +12,9 @@ from .config import COMMON_FLAGS, add_flags
 def build_parser():
     p = Parser(prog="gluon_gpu.evaluate", description=__doc__)
     add_flags(p, COMMON_FLAGS)
-    p.add_argument("--params", required=True,
-                   help="a parameter file (gluon_gpu's net.params, or saved by your own code)")
+    p.add_argument("--params", required=True, metavar="RUN_DIR|FILE",
+                   help="a run folder (its best.params, else net.params) or a parameter file (gluon_gpu's, "
+                        "or saved by your own code)")
     p.add_argument("--model", default=None, help="network (default: the one the run recorded, else lenet)")
     return p
 
@@ -52,6 +53,7 @@ def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_
 @main_guard("gluon_gpu.evaluate")
 def main(argv=None):
     args = parse_args(build_parser(), argv)
+    args.params = params_in(args.params)
     run = recorded_run(args.params)
     model = args.model or run["model"]
     with devices(args.devices) as ctx:

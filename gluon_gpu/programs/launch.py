@@ -38,8 +38,7 @@ RESTART_ENV = "GLUON_GPU_RESTART"  # the restart's number, for the workers (prog
 
 
 def build_parser():
-    p = Parser(prog="gluon_gpu.launch", description=__doc__,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="gluon_gpu.launch", description=__doc__)
     p.add_argument("-n", "--num-workers", type=positive_int, required=True)
     p.add_argument("-s", "--num-servers", type=positive_int, default=1)
     p.add_argument("--hostfile", help="one host per line ([user@]host[:ssh-port]); default: all local")

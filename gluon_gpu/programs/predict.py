@@ -1,9 +1,9 @@
 """python -m gluon_gpu.predict: predict with saved parameters, for image files, IDX
 entries or rows of an .npz array.
 
-    python -m gluon_gpu.predict --params runs/RUN/net.params shoe.png shirt.jpg
-    python -m gluon_gpu.predict --params runs/RUN/net.params --idx t10k-images-idx3-ubyte.gz --index 0:10
-    python -m gluon_gpu.predict --params runs/RUN/net.params --npz data.npz --index 0:5
+    gluon-gpu-predict --params runs/RUN shoe.png shirt.jpg
+    gluon-gpu-predict --params runs/RUN --idx t10k-images-idx3-ubyte.gz --index 0:10
+    gluon-gpu-predict --params runs/RUN --npz data.npz --index 0:5
 
 Images are read with Pillow, converted to the run's channels (grayscale or colour),
 resized to its input size and normalized exactly as in training. Classification prints
@@ -21,7 +21,7 @@ from ..core.heads import head_for
 from ..core.modes import call
 from ..data.fashion_mnist import fashion_spec, read_idx
 from ..data.images import decode
-from ..models import load_model
+from ..models import load_model, params_in
 from .cli import Parser, main_guard, parse_args
 from .config import add_flags
 from .evaluate import recorded_spec
@@ -29,7 +29,8 @@ from .evaluate import recorded_spec
 def build_parser():
     p = Parser(prog="gluon_gpu.predict", description=__doc__)
     add_flags(p, ("devices", "fused_conv", "omp_threads", "engine_threads"), defaults={"devices": None})
-    p.add_argument("--params", required=True, help="a parameter file (gluon_gpu's net.params or your own)")
+    p.add_argument("--params", required=True, metavar="RUN_DIR|FILE",
+                   help="a run folder (its best.params, else net.params) or a parameter file (gluon_gpu's or your own)")
     p.add_argument("--model", default=None, help="network (default: the one the run recorded, else lenet)")
     p.add_argument("--idx", help="an IDX images file (.gz or not) to predict entries of")
     p.add_argument("--npz", help="an .npz file: predict rows of its x_val (else x) array")
@@ -120,6 +121,7 @@ def describe_output(name, values, spec):
 @main_guard("gluon_gpu.predict")
 def main(argv=None):
     args = parse_args(build_parser(), argv)
+    args.params = params_in(args.params)
     spec = recorded_spec(args.params) or fashion_spec()  # a file without a run: the tutorial's LeNet
     names, inputs = _inputs(args, spec)
     with devices(args.devices or ("gpu:0" if gpu_count() else "cpu")) as ctx:

@@ -25,7 +25,7 @@ class Run:
     train: object
     val: object
     data: Dataset
-    synced_batchnorms: int = 0  # --sync-bn: how many BatchNorm layers became SyncBatchNorm
+    warnings: tuple = ()  # one line each, for the person starting the run
 
 
 def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, saved_spec=None):
@@ -74,8 +74,14 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                       dtype=config.dtype, amp=config.amp, batch_size=config.batch_size,
                       bucket_bytes=int(config.bucket_mb * 2**20), exchange=exchange,
                       accumulate=config.accumulate, clip_grad=config.clip_grad)
+    warnings = []
+    if config.sync_bn and not synced:
+        warnings.append(f"--sync-bn: {config.model} has no BatchNorm layer; nothing to synchronize")
+    if config.batch_size * shard[1] > len(data.train_y):
+        warnings.append(f"--batch-size {config.batch_size * shard[1]} is larger than the {len(data.train_y)} "
+                        f"training samples: every epoch is one update of {len(data.train_y)} samples")
     return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
-               synced)
+               tuple(warnings))
 
 
 def _check_sync_bn_batches(samples, global_batch, devices):
@@ -89,14 +95,15 @@ def _check_sync_bn_batches(samples, global_batch, devices):
 
 def optimizer_params(config, iters_per_epoch):
     """The optimizer's parameters; ``iters_per_epoch`` counts updates (batches / --accumulate)."""
-    params = {"learning_rate": config.lr, "wd": config.wd}
+    params = {"wd": config.wd}
     if config.optimizer in ("sgd", "nag"):
         params["momentum"] = config.momentum
     elif config.momentum:
         raise UserError(f"--momentum applies to sgd and nag, not {config.optimizer}")
     scheduler = lr_scheduler(config, iters_per_epoch)
-    if scheduler is not None:
-        params["lr_scheduler"] = scheduler
+    # A schedule holds the rate itself: given a learning_rate as well, MXNet prints a
+    # warning on every run whose schedule starts elsewhere (warmup from --warmup-lr).
+    params.update({"lr_scheduler": scheduler} if scheduler is not None else {"learning_rate": config.lr})
     return params
 
 

@@ -21,9 +21,10 @@ def early_stopping(config, monitor):
     return EarlyStopping(monitor, config.early_stop) if config.early_stop else None
 
 
-def chief_callbacks(config, run, out, header, monitor, resumed_at=None):
-    """What rank 0 (the only writer) runs at each epoch end, in order."""
-    callbacks = [EpochPrinter(config.epochs, lambda line: print(line, flush=True)),
+def chief_callbacks(config, run, out, header, monitor, say=print, resumed_at=None):
+    """What rank 0 (the only writer) runs at each epoch end, in order; ``say`` shows the
+    epoch line (the run's TrainLog)."""
+    callbacks = [EpochPrinter(config.epochs, say),
                  BestParams(os.path.join(out, "best.params"), run.dp.net, monitor),
                  MetricsFile(os.path.join(out, "metrics.json"), header,
                              extra=lambda history: {"best": monitor.summary(history)}),

@@ -1,0 +1,52 @@
+"""The plan line a run prints before it trains: what runs where, how the gradients are
+exchanged, who gets each batch, the data and the run folder."""
+from .. import __version__
+from ..core.devices import describe, thread_settings
+from ..core.kvstores import default_kvstore
+from ..models.fused_conv import is_fused
+from ..models.init import ensemble_layout
+
+
+def exchange_plan(dp, config, ctx):
+    """'kvstore local, gradient buckets <= 4 MiB': how the gradients are exchanged."""
+    if dp.places_itself:
+        return "no gradient exchange (independent members)"
+    kvstore = f"kvstore {config.kvstore or default_kvstore(ctx)}"
+    if len(dp.ctx) == 1 and dp.num_workers == 1:
+        return kvstore
+    return kvstore + (f", gradient buckets <= {config.bucket_mb:g} MiB" if dp.bucketing else ", a key per parameter")
+
+
+def cpu_threads(ctx):
+    """' (1 OpenMP thread per op, 1 engine worker per context)' for CPU devices."""
+    if ctx[0].device_type != "cpu":
+        return ""
+    t = thread_settings()
+    return (f" ({t['omp_threads']} OpenMP thread{'s' * (t['omp_threads'] > 1)} per op, "
+            f"{t['engine_threads']} engine worker{'s' * (t['engine_threads'] > 1)} per context)")
+
+
+def plan_line(config, run, ctx, out, dry_run=False):
+    """One line: version | model on devices (threads) | exchange | batch | data | out."""
+    dp = run.dp
+    what = config.model
+    if config.ensemble > 1:
+        what = f"{config.ensemble} x {what} ({ensemble_layout(config.ensemble_layout, config.model, ctx)} layout)"
+    what += " (fused conv+relu+pool)" if is_fused(dp.net) else ""
+    what += f" in {dp.precision.describe()}" if dp.precision.dtype != "float32" else ""
+    workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
+    spec = run.data.spec
+    task = (f"{len(spec.classes)} classes" if spec.task == "classify" else f"regression of {spec.outputs}")
+    return (f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers}{cpu_threads(ctx)} | "
+            f"{exchange_plan(dp, config, ctx)} | batch {config.batch_size} "
+            f"({batch_plan(dp, run.train, config.batch_size, ctx)}) | "
+            f"{spec.dataset} "
+            f"{'x'.join(map(str, spec.input_shape))}, {task}, {run.train.n} samples ({run.val.n} to validate) "
+            f"from {spec.source} | out {out}{' (dry run: not created)' if dry_run else ''}")
+
+
+def batch_plan(dp, pipeline, batch_size, ctx):
+    """Who gets each batch, for the plan line."""
+    if not dp.places_itself:
+        return f"{batch_size // len(ctx)}+ per device"
+    return "whole, to each member in turn" if pipeline.turns > 1 else "whole, to every member"

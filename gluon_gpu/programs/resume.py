@@ -1,0 +1,142 @@
+"""Going on with a run: the configuration a --resume continues (flags that may change),
+the checkpoints a run writes as it trains (Checkpointer), and the point it resumes from
+(the most advanced checkpoint that loads, at the same sample position whatever the
+worker count)."""
+import argparse
+import copy
+import pickle
+import sys
+from dataclasses import replace
+
+import mxnet as mx
+
+from ..core.compat import upgrade_metric_state
+from ..core.checkpoint import checkpoints, complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
+from ..core.errors import UserError
+from ..core.params import last_line
+from ..models.loading import adapt_keys
+from .config import EPOCH_SHAPED_LR, RESUMABLE, RunConfig, flag_name
+from .run_callbacks import early_stopping
+
+
+def explicit_flags(parser, argv):
+    """The destinations the user actually typed on ``parser``'s command line (not defaults)."""
+    probe = copy.deepcopy(parser)
+    for action in probe._actions:  # pylint: disable=protected-access
+        action.default = argparse.SUPPRESS
+    return vars(probe.parse_args(argv))
+
+
+def resume_config(parser, argv, run_dir):
+    """``(config, state)``: the saved configuration of ``run_dir``'s most advanced
+    checkpoint with the resumable flags of ``argv`` (``parser``'s) applied; other flags
+    must agree with it."""
+    _, state = latest_checkpoint(run_dir)
+    if state is None:
+        raise UserError(f"--resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints")
+    config = RunConfig.from_dict(state["config"])
+    changes = {}
+    for name, value in explicit_flags(parser, argv).items():
+        if name in ("resume", "dry_run") or (name == "out" and value == run_dir):
+            continue
+        if name not in RESUMABLE and getattr(config, name) != value:
+            raise UserError(f"{flag_name(name)} {value} differs from the run's {getattr(config, name)}; on "
+                            "--resume only " + ", ".join(flag_name(n) for n in sorted(RESUMABLE)) + " may change")
+        if name == "epochs" and value != config.epochs and config.lr_mode in EPOCH_SHAPED_LR:
+            raise UserError(f"--epochs cannot change on --resume with --lr-mode {config.lr_mode}: "
+                            "that schedule is laid out over the run's epochs")
+        changes[name] = value
+    return replace(config, **changes, out=run_dir), state
+
+
+def restart_from(out):
+    """A job restarted by the launcher continues its run: ``out`` if it holds a complete
+    checkpoint (the job is then a --resume of it), else None (it starts afresh)."""
+    if not out:
+        raise UserError("a job launched with --max-restarts needs --out on the worker command, "
+                        "so that a restart finds the run it continues")
+    return out if complete_checkpoints(out) else None
+
+
+class Checkpointer:
+    """Callback: a checkpoint every ``--save-period`` epochs and at the end (see checkpoint.py)."""
+
+    def __init__(self, out, dp, record, config, turns=1):
+        self.out, self.dp, self.record, self.config = out, dp, record, config
+        self.turns = turns  # an epoch's batches: members in turns (sequential layout) or together
+        self.chief = dp.rank == 0  # in a distributed job only rank 0 writes
+        self.last = None
+
+    def save(self, epoch, batch, history, seconds=0.0):
+        """Write a checkpoint (rank 0 of a distributed job only; every worker calls this,
+        at the same steps) and return its directory. ``batch`` counts global batches of
+        this many workers: a resume with another worker count converts it."""
+        metrics = self.dp.metric_state()  # synchronous workers: a sum over all of them
+        if not self.chief:
+            return None
+        state = {"epoch": epoch, "batch": batch, "workers": self.dp.num_workers, "turns": self.turns,
+                 "seconds": seconds, "metrics": metrics, "history": history, **self.record}
+        self.last = save_checkpoint(self.out, self.dp, state, self.config.keep)
+        return self.last
+
+    def on_epoch_end(self, record, history):
+        if record["epoch"] % self.config.save_period == 0 or record["epoch"] == self.config.epochs:
+            self.save(record["epoch"], 0, history)
+
+
+def resume_point(out, run, config, say, monitor):
+    """Load the most advanced checkpoint that loads, skipping (one line each) any that
+    does not; ``(epoch, batch, seconds, history)`` to go on from, or None when the run
+    already finished its epochs. ``say``: rank 0's run log (None on other workers)."""
+    dp = run.dp
+    chief = say is not None
+
+    def skip(directory, why):
+        if chief:
+            say(f"gluon_gpu.train: skipping checkpoint {directory}: {why}", sys.stderr)
+    complete, broken = checkpoints(out)
+    for directory, problem in broken:
+        skip(directory, problem)
+    for directory, state in reversed(complete):
+        workers = state.get("workers", 1)
+        batch = same_position(state["batch"], workers, dp.num_workers)
+        if batch is None:
+            skip(directory, f"{dp.num_workers} workers cannot continue exactly from its position (epoch "
+                            f"{state['epoch'] + 1}, global batch {state['batch']} of {workers} workers)")
+            continue
+        turns = state.get("turns", 1)
+        if batch and turns != run.train.turns:
+            skip(directory, f"it stopped inside epoch {state['epoch'] + 1} with the members training "
+                            f"{'in turns' if turns > 1 else 'together'}, and this run's ensemble layout trains them "
+                            f"{'in turns' if run.train.turns > 1 else 'together'}: it can go on from an epoch's end")
+            continue
+        try:
+            load_checkpoint(directory, dp, adapt_keys(config.model, config.ensemble))
+            dp.load_metric_state(upgrade_metric_state(state["metrics"], dp.sums.width))
+        except (UserError, mx.base.MXNetError, pickle.UnpicklingError, EOFError, KeyError, TypeError,
+                ValueError, IndexError, AssertionError) as e:
+            skip(directory, last_line(e))
+            continue
+        if state["epoch"] >= config.epochs:
+            if chief:
+                say(f"{out} already finished {state['epoch']} epochs; pass --epochs N to train more")
+            return None
+        stopper = early_stopping(config, monitor)
+        stalled = stopper.stalled(state["history"]) if stopper and state["history"] and not batch else None
+        if stalled:
+            if chief:
+                say(f"{out} stopped early after epoch {state['epoch']}: {stalled}; best.params holds epoch "
+                      f"{monitor.best(state['history'])['epoch']}; a larger --early-stop trains on")
+            return None
+        if chief:
+            say(f"resuming from {directory} (epoch {state['epoch'] + 1}, batch {batch + 1})")
+        return state["epoch"], batch, state["seconds"], state["history"]
+    raise UserError(f"--resume {out}: no checkpoint in {out}/checkpoints loads")
+
+
+def same_position(batch, workers, now_workers):
+    """The batch index at which ``now_workers`` workers continue an epoch that ``workers``
+    left after global batch ``batch`` (all take the same global order, in global batches
+    of ``--batch-size`` x workers), or None when that falls inside a global batch."""
+    samples = batch * workers  # in units of one worker's batch
+    return samples // now_workers if samples % now_workers == 0 else None

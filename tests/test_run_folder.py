@@ -1,0 +1,127 @@
+"""What a person meets around a run: the run folder explains itself (train.log, the last
+line naming the best epoch, no lock left), run folders stand for their parameters in
+evaluate and predict, every program's --help shows defaults, and every program is a
+console script."""
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from gluon_gpu.programs import evaluate, predict, train
+
+from conftest import read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAMS = ("train", "evaluate", "predict", "bench", "launch")
+SHORT = ["--devices", "cpu", "--epochs", "2", "--limit", "1024", "--val-limit", "500", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("run") / "out")
+    assert train.main(SHORT + ["--out", out]) == 0
+    return out
+
+
+def test_a_finished_run_folder_holds_its_log_and_no_lock(finished, capsys):
+    names = set(os.listdir(finished))
+    assert {"net.params", "best.params", "metrics.json", "metrics.csv", "curves.png", "train.log"} <= names
+    assert ".lock" not in names
+    log = open(os.path.join(finished, "train.log")).read().splitlines()
+    assert log[0].startswith("gluon_gpu ") and f"out {finished}" in log[0]  # the plan line
+    assert [l.split()[1] for l in log if l.startswith("epoch")] == ["1/2", "2/2"]
+    best = read_metrics(finished)["best"]
+    assert log[-1] == f"best: epoch {best['epoch']}, val-acc {best['value']:.4f}: {finished}/best.params"
+
+
+def test_the_last_printed_line_names_the_best_epoch_and_its_file(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert train.main(SHORT + ["--out", out, "--monitor", "val-loss"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    epochs = read_metrics(out)["epochs"]
+    best = min(epochs, key=lambda e: e["val_loss"])
+    assert last == f"best: epoch {best['epoch']}, val-loss {best['val_loss']:.4f}: {out}/best.params"
+
+
+def test_a_resumed_run_appends_to_its_log(tmp_path):
+    out = str(tmp_path / "run")
+    assert train.main(SHORT + ["--out", out]) == 0
+    assert train.main(["--resume", out, "--epochs", "3", "--quiet"]) == 0
+    log = open(os.path.join(out, "train.log")).read()
+    assert [l.split()[1] for l in log.splitlines() if l.startswith("epoch")] == ["1/2", "2/2", "3/3"]
+    assert "resuming from" in log and log.count("gluon_gpu 0.") == 2
+
+
+def test_evaluate_and_predict_take_a_run_folder(finished, capsys):
+    assert evaluate.main(["--params", finished, "--devices", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith(f"{finished}/best.params: lenet validation")
+    idx = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
+    assert predict.main(["--params", finished, "--idx", idx, "--index", "0:2"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2
+
+
+def test_a_folder_that_is_no_finished_run_is_one_line(tmp_path, capsys):
+    assert evaluate.main(["--params", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"gluon_gpu.evaluate: error: {tmp_path} is a folder without best.params or net.params: "
+                   "not a finished run (a stopped one continues with --resume)")
+
+
+def test_a_dry_run_says_it_creates_nothing(tmp_path, capsys):
+    out = str(tmp_path / "never")
+    assert train.main(SHORT + ["--out", out, "--dry-run"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"out {out} (dry run: not created)")
+    assert not os.path.exists(out)
+
+
+def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, capsys):
+    assert train.main(SHORT + ["--out", str(tmp_path / "r"), "--batch-size", "2048", "--epochs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert ("gluon_gpu.train: warning: --batch-size 2048 is larger than the 1024 training samples: "
+            "every epoch is one update of 1024 samples") in err
+
+
+def test_a_scheduled_run_prints_no_mxnet_warning(tmp_path, capsys):
+    assert train.main(SHORT + ["--out", str(tmp_path / "r"), "--lr-mode", "cosine", "--warmup-epochs", "1"]) == 0
+    assert "overwritten" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_every_help_shows_its_defaults(program):
+    proc = subprocess.run([sys.executable, "-m", f"gluon_gpu.{program}", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "``" not in proc.stdout  # docstring markup is not shown raw
+    parser = __import__(f"gluon_gpu.programs.{program}", fromlist=["build_parser"]).build_parser()
+    with_default = [a for a in parser._actions if a.option_strings and a.default not in (None, False, "==SUPPRESS==")
+                    and a.default is not False]
+    assert with_default
+    assert proc.stdout.count("(default:") >= len(with_default)
+    if program == "train":
+        for group in ("devices:", "data:", "model:", "optimization:", "checkpoints:", "logging:", "examples:"):
+            assert f"\n{group}\n" in proc.stdout, group
+        assert re.search(r"--batch-size BATCH_SIZE\s+global batch size, split over the devices\s+\(default:\s+256\)",
+                         proc.stdout)
+        assert "\n  gluon-gpu-train --resume runs/RUN" in proc.stdout  # an example on a line of its own
+
+
+def test_every_program_is_a_console_script():
+    tree = ast.parse(open(os.path.join(REPO, "setup.py")).read())
+    scripts = next(ast.literal_eval(k.value)["console_scripts"] for node in ast.walk(tree)
+                   if isinstance(node, ast.Call) for k in node.keywords if k.arg == "entry_points")
+    assert sorted(scripts) == sorted(f"gluon-gpu-{p}=gluon_gpu.{p}:main" for p in PROGRAMS)
+    for program in PROGRAMS:  # each target exists
+        module = __import__(f"gluon_gpu.{program}", fromlist=["main"])
+        assert callable(module.main)
+
+
+def test_the_installed_console_scripts_run():
+    bin_dir = os.path.dirname(sys.executable)
+    missing = [p for p in PROGRAMS if not os.path.exists(os.path.join(bin_dir, f"gluon-gpu-{p}"))]
+    if missing:
+        pytest.skip(f"gluon_gpu is not installed in {bin_dir} (pip install .): {missing}")
+    proc = subprocess.run([os.path.join(bin_dir, "gluon-gpu-bench"), "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: gluon_gpu.bench"), proc.stderr
