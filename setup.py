@@ -5,7 +5,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
-VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "gluon_gpu" / "__init__.py").read_text()).group(1)
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "gluon_gpu" / "core" / "version.py").read_text()).group(1)
 
 setup(
     name="gluon_gpu",

@@ -5,8 +5,8 @@ task heads, both MXNet APIs, checkpoints, the loop), ``data`` (datasets, pipelin
 ``models`` (LeNet, the zoo, ensembles, the fused operator, loading), then ``programs``
 (train, evaluate, predict, bench, launch).
 """
-__version__ = "0.4.2"
 
+from .core.version import __version__  # noqa: F401  (gluon_gpu.__version__)
 from .core import environment  # noqa: E402  (imports no mxnet: it runs before mxnet starts)
 
 environment.check()

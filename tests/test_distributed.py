@@ -11,7 +11,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_gpu.programs import launch, remote_role, train
+from gluon_gpu.programs import launch, remote_role, resume, train
 
 from conftest import read_metrics
 
@@ -333,4 +333,4 @@ def test_a_run_continues_mid_epoch_with_another_worker_count(tmp_path):
 @pytest.mark.parametrize("batch, workers, now, expected", [(60, 1, 2, 30), (61, 1, 2, None), (30, 2, 1, 60),
                                                            (0, 4, 3, 0), (9, 3, 2, None), (8, 3, 4, 6)])
 def test_a_mid_epoch_position_converts_between_worker_counts(batch, workers, now, expected):
-    assert train.same_position(batch, workers, now) == expected
+    assert resume.same_position(batch, workers, now) == expected

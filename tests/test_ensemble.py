@@ -20,7 +20,7 @@ from gluon_gpu.programs import evaluate, predict, train
 from gluon_gpu.programs.config import RunConfig
 from gluon_gpu.programs.run import optimizer_params
 from gluon_gpu.data import DevicePipeline
-from gluon_gpu.models.ensemble import EnsembleLeNet, combine_members, extract_member
+from gluon_gpu.models.fused_lenet import EnsembleLeNet, combine_members, extract_member
 from gluon_gpu.models.fused_conv import is_fused
 from gluon_gpu.models.fused_members import FusedMembers
 from gluon_gpu.models.member_stack import MemberStack, pipeline_layout
@@ -355,8 +355,8 @@ def test_bad_ensemble_flags(tmp_path, capsys, args, message):
 
 
 def test_sync_bn_with_members_on_whole_batches_is_refused_before_any_data_is_read(tmp_path, capsys, monkeypatch):
-    from gluon_gpu.models.sync_bn import cpu_settings
-    for name, value in cpu_settings(0).items():  # what --sync-bn makes the CLI re-execute itself with
+    from gluon_gpu.models.sync_bn import sync_bn_variables
+    for name, value in sync_bn_variables(0).items():  # what --sync-bn makes the CLI re-execute itself with
         monkeypatch.setenv(name, value)
     assert train.main(["--out", str(tmp_path / "r"), "--ensemble", "2", "--devices", "cpu*2", "--sync-bn",
                        "--data-dir", str(tmp_path / "nothing"), "--quiet"]) == 2
@@ -607,7 +607,7 @@ def test_the_heat_equation_example_trains_independent_seeds(tmp_path, devices):
 
 
 def test_fused_lenet_ensembles_ask_for_a_random_state_pool_that_grows_with_k(monkeypatch):
-    from gluon_gpu.models.member_stack import cpu_settings
+    from gluon_gpu.models.member_stack import ensemble_variables as cpu_settings
     monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", "8")
     assert cpu_settings(8) == {"MXNET_CPU_PARALLEL_RAND_COPY": "40"}
     assert cpu_settings(100) == {"MXNET_CPU_PARALLEL_RAND_COPY": "72"}  # bounded: ~5 MiB a state

@@ -3,7 +3,6 @@ line naming the best epoch, no lock left), run folders stand for their parameter
 evaluate and predict, every program's --help shows defaults, and every program is a
 console script."""
 import ast
-import json
 import os
 import re
 import subprocess

@@ -23,6 +23,7 @@ from mxnet import npx
 
 from .environment import usable_cpus
 from .errors import DeviceError, UserError
+from .walk import descendants
 
 _SPEC = re.compile(r"^(?P<kind>cpu|gpu)(?:(?P<star>\*(?P<count>\d+))|(?::(?P<ids>\d+(?:,\d+)*)))?$")
 
@@ -180,3 +181,14 @@ def split_batch(array, ctx):
     """Per-device shards of a host batch (legacy or numpy array): the one place a batch
     is cut over devices (the device pipeline cuts its index arrays by ``shard_bounds``)."""
     return [array[lo:hi].as_in_context(c) for (lo, hi), c in zip(shard_bounds(array.shape[0], len(ctx)), ctx)]
+
+
+def check_cpu_only(net, ctx):
+    """A block with CPU-only kernels declares ``cpu_only`` (a one-line reason); refuse it
+    on other devices."""
+    if all(c.device_type == "cpu" for c in ctx):
+        return
+    for block in descendants(net):
+        reason = getattr(block, "cpu_only", None)
+        if reason:
+            raise UserError(reason)

@@ -4,6 +4,7 @@ crashes (``OMP_NUM_THREADS=100000``: a segfault when libgomp cannot make the thr
 hangs (``MXNET_CPU_WORKER_NTHREADS=0``) or fails deep inside its engine
 (``MXNET_ENGINE_TYPE=Bogus``). Imports nothing of MXNet."""
 import os
+import platform
 import sys
 
 from .errors import UserError
@@ -22,6 +23,27 @@ def usable_cpus():
         return len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity call on this platform
         return os.cpu_count() or 1
+
+
+def _cpuinfo_line(prefixes):
+    """The value of the first /proc/cpuinfo line starting with one of ``prefixes``, or
+    None (no such file or line: not Linux, or another architecture's fields)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((l for l in f if l.startswith(prefixes)), None)
+    except OSError:
+        return None
+    return line.split(":", 1)[-1].strip() if line else None
+
+
+def cpu_flags():
+    """This CPU's feature flags (empty where /proc/cpuinfo has none)."""
+    return set((_cpuinfo_line(("flags", "Features")) or "").split())
+
+
+def cpu_model():
+    """This CPU's model name, else ``platform.processor()``."""
+    return _cpuinfo_line(("model name",)) or platform.processor()
 
 
 def problem(env=None):

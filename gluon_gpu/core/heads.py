@@ -84,12 +84,11 @@ class Regression(Head):
         super().__init__(gluon.loss.L2Loss(), {"mse": _squared_error, "mae": _absolute_error})
 
 
-TASKS = ("classify", "regress")
+HEADS = {"classify": Classification, "regress": Regression}  # the tasks by name: --task
+TASKS = tuple(HEADS)
 
 
 def head_for(task, classes=None):
-    if task == "classify":
-        return Classification(classes)
-    if task == "regress":
-        return Regression()
-    raise ValueError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    if task not in HEADS:
+        raise ValueError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    return Classification(classes) if task == "classify" else HEADS[task]()

@@ -29,3 +29,18 @@ def check_options(ctx, kvstore=None):
         if "DMLC_ROLE" not in os.environ:
             raise UserError(f"kvstore {kvstore} needs the DMLC_* environment of a distributed "
                             "job: start it with python -m gluon_gpu.launch")
+
+
+def check_exchange(ctx, kvstore, placed=False, clip_grad=None, exchange=True):
+    """``check_options``, then reject what a job on ``kvstore`` cannot exchange: members
+    placed on their own devices (``placed``) or no exchange at all in a distributed job,
+    clipping where the servers update (dist_async)."""
+    check_options(ctx, kvstore)
+    distributed = kvstore.startswith("dist")
+    if distributed and placed:
+        raise UserError("an ensemble laid out over devices trains in one process: use --ensemble-layout fused "
+                        "with a distributed kvstore, or no launcher")
+    if clip_grad and kvstore == "dist_async":
+        raise UserError("--clip-grad needs the update on the workers; dist_async updates on the servers")
+    if distributed and not exchange:
+        raise UserError("exchange=False is for one process: a distributed job always exchanges")

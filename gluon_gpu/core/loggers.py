@@ -107,18 +107,21 @@ class TrainLog:
     """``RUN/train.log``: the lines a run shows a person (its plan, every epoch, stops, the
     end), appended as they are printed, so the run folder tells its story after the
     terminal is gone; a resumed run appends. ``log(line)`` prints and appends (``stream``:
-    stderr for errors and warnings), ``record(line)`` only appends."""
+    stderr for errors and warnings), ``record(line)`` only appends. ``header``: lines
+    already printed (the plan) that go to the file before its first line, so a run that
+    has nothing to do (a --resume of a finished run) leaves its folder untouched."""
 
-    def __init__(self, path):
-        self.path = path
+    def __init__(self, path, header=()):
+        self.path, self._header = path, list(header)
 
     def __call__(self, line, stream=None):
         print(line, file=stream or sys.stdout, flush=True)
         self.record(line)
 
     def record(self, line):
+        lines, self._header = self._header + [line], []
         try:
             with open(self.path, "a") as f:
-                f.write(line + "\n")
+                f.write("".join(l + "\n" for l in lines))
         except OSError as e:
             raise WriteError(self.path, e.strerror or str(e)) from None

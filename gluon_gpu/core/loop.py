@@ -35,8 +35,8 @@ class StopFlag:
 
     def confirm(self, dp, sync_point):
         """True once the loop is to stop after the current step."""
-        if not self.confirmed:
-            agreed = dp.agree_to_stop(self.signum, sync_point)
+        if not self.confirmed and not dp.pending_batches:  # between updates: a checkpoint holds no half sum
+            agreed = dp.workers.agree_to_stop(self.signum, sync_point)
             if agreed:
                 self.signum, self.confirmed = self.signum or agreed, True
         return self.confirmed
@@ -68,7 +68,7 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
             sync_point = i % log_interval == 0 or i == batches  # the same steps on every worker
             stopping = stop is not None and stop.confirm(dp, sync_point)
             if sync_point or stopping:
-                bad = dp.first_nonfinite_step()
+                bad = dp.sums.first_nonfinite()
                 if bad:
                     batch = done + bad
                     raise DivergedError(f"loss became NaN/inf at step {epoch * batches + batch} "
@@ -143,7 +143,7 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
         history.append(record)
         for cb in callbacks:
             cb.on_epoch_end(record, history)
-        if dp.any_worker(any(getattr(cb, "stop_requested", False) for cb in callbacks)):
+        if dp.workers.any(any(getattr(cb, "stop_requested", False) for cb in callbacks)):
             break  # early stopping: rank 0 decided, every worker follows
         if stop is not None and stop.confirmed and epoch + 1 < epochs:
             raise Interrupted(epoch + 1, 0, 0.0)

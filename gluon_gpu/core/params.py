@@ -91,3 +91,15 @@ def last_line(error):
     """MXNet errors carry a C++ traceback; the reason is the last non-empty line."""
     lines = [l.strip() for l in str(error).splitlines() if l.strip()]
     return (lines[-1] if lines else type(error).__name__)[:300]
+
+
+def place(block, ctx, initializer):
+    """Initialize ``block`` on ``ctx``, or move its initialized parameters there."""
+    try:
+        initialized = all(p.list_ctx() for p in block.collect_params().values())
+    except RuntimeError:
+        initialized = False
+    if initialized:
+        block.collect_params().reset_ctx(ctx)
+    else:
+        block.initialize(initializer, ctx=ctx)

@@ -14,22 +14,12 @@ flag, so it is refused too.
 import contextlib
 from dataclasses import dataclass
 
+from .environment import cpu_flags  # a module name here: tests play another CPU by replacing it
 from .errors import UserError
 
 DTYPES = ("float32", "float16", "bfloat16")
 _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 _amp_state = {"target": None}  # the process's AMP precision, once amp.init ran
-
-
-def cpu_flags():
-    """This CPU's feature flags (from /proc/cpuinfo; empty where there is none). Tests
-    substitute it to play a CPU without bfloat16 instructions."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((l for l in f if l.startswith(("flags", "Features"))), "")
-    except OSError:
-        return set()
-    return set(line.split(":", 1)[-1].split())
 
 
 @dataclass(frozen=True)
@@ -45,6 +35,14 @@ class Precision:
     def param_dtype(self):
         """The parameters' dtype: float16 only when the whole network is cast."""
         return "float16" if self.dtype == "float16" and not self.amp else "float32"
+
+    def optimizer_params(self, params):
+        """The optimizer's parameters for this precision: a network cast to float16
+        keeps float32 master weights (``multi_precision``) unless told otherwise."""
+        params = dict(params or {})
+        if self.param_dtype == "float16":
+            params.setdefault("multi_precision", True)
+        return params
 
     def describe(self):
         if self.dtype == "float32":

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.errors import DataError
+from ..core.heads import TASKS
 from .spec import DataSpec, channel_stats, input_scale
 
-TASKS = ("classify", "regress")
 
 
 @dataclass

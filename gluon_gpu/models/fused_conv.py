@@ -25,8 +25,10 @@ import tempfile
 import mxnet as mx
 from mxnet.gluon import nn
 
+from ..core.environment import cpu_flags
 from ..core.errors import UserError
 from ..core.modes import legacy, to_api
+from ..core.walk import descendants
 
 MODES = ("auto", "on", "off")
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "conv_relu_pool.cc")
@@ -52,21 +54,13 @@ def _mxnet_paths():
     return os.path.join(root, "include"), os.path.join(root, "src", "lib_api.cc")
 
 
-def _cpu_flags():
-    """-march=native code runs only on CPUs with these features: part of the cache key."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((l for l in f if l.startswith(("flags", "Features"))), "")
-    except OSError:
-        return ""
-
-
 def library_path(compiler):
     key = hashlib.sha256()
     for source in (SOURCE, _mxnet_paths()[1]):
         with open(source, "rb") as f:
             key.update(f.read())
-    for part in (" ".join(CXXFLAGS), compiler, mx.__version__, _cpu_flags()):
+    # -march=native code runs only on CPUs with the same features: part of the key
+    for part in (" ".join(CXXFLAGS), compiler, mx.__version__, " ".join(sorted(cpu_flags()))):
         key.update(part.encode())
     return os.path.join(cache_dir(), f"conv_relu_pool-{key.hexdigest()[:16]}.so")
 
@@ -209,6 +203,4 @@ class PooledAbove(nn.HybridBlock):
 def is_fused(net):
     """Whether ``net`` runs the fused operator (a LeNet built with ``fused=True``, or an
     ensemble of such members)."""
-    if getattr(net, "places_itself", False):
-        return any(is_fused(member) for member in net.nets)
-    return any(isinstance(b, ConvReluPool) for b in net._children.values())  # pylint: disable=protected-access
+    return any(isinstance(b, ConvReluPool) for b in descendants(net))

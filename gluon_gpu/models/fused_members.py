@@ -26,6 +26,7 @@ from mxnet.gluon import nn
 from ..core.errors import UserError
 from ..core.modes import call, forward_zeros, legacy, model_is_np, semantics, to_api
 from ..core.params import assign_parameters, last_line
+from ..core.walk import named_blocks
 from .blocks import replace_blocks
 
 _CONVS = (nn.Conv1D, nn.Conv2D, nn.Conv3D)
@@ -93,13 +94,6 @@ def _widened(block, k):  # pylint: disable=protected-access
     return type(block)(k * block._channels, kw["kernel"], strides=kw["stride"], padding=kw["pad"],
                        dilation=kw["dilate"], groups=k * kw["num_group"], layout=kw["layout"], activation=act,
                        use_bias=not kw["no_bias"], in_channels=k * block._in_channels, prefix=block.prefix)
-
-
-def named_blocks(net, path=""):
-    """``(path, block)`` for ``net`` and every block inside it, parents first."""
-    yield path, net
-    for name, child in net._children.items():  # pylint: disable=protected-access
-        yield from named_blocks(child, f"{path}.{name}" if path else name)
 
 
 def unfusable_layer(net):

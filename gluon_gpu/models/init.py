@@ -90,7 +90,7 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
     if layout == "fused":
         nets = [member(k, ctx, "off") for k in range(members)]
         if model == "lenet":
-            from .ensemble import combine_members
+            from .fused_lenet import combine_members
             return combine_members(nets, ctx, fused_for(model, ctx, fused_conv), input_shape)
         from .fused_members import fuse
         return fuse(nets, member_factory(model, input_shape, outputs), ctx, input_shape)

@@ -28,10 +28,12 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 from ..core.errors import UserError
+from ..core.members import PlacedMembers
 from ..core.modes import legacy, model_is_np, semantics, to_api
+from ..core.walk import leaves
 
 LAYOUTS = ("auto", "devices", "fused", "separate", "sequential")
-MAX_RANDOM_STATES = 72  # see cpu_settings
+MAX_RANDOM_STATES = 72  # see ensemble_variables
 
 
 class MemberGroup(gluon.HybridBlock):
@@ -55,13 +57,11 @@ class MemberGroup(gluon.HybridBlock):
                          for j, net in enumerate(self.nets)], axis=1)
 
 
-class MemberStack(gluon.Block):
+class MemberStack(PlacedMembers):
     """``nets[k]`` on ``devices[k]`` (initialized there already; members of one device
-    contiguous). ``places_itself``: DataParallel leaves the members where they are and
-    feeds the stack on ``home``. ``layout`` (devices, separate, sequential) groups the
+    contiguous), the core's PlacedMembers: DataParallel leaves the members where they are
+    and feeds the stack on ``home``. ``layout`` (devices, separate, sequential) groups the
     members as the module docstring says."""
-
-    places_itself = True
 
     def __init__(self, nets, devices, channels, hybridize=True, layout="devices", **kwargs):
         super().__init__(**kwargs)
@@ -78,11 +78,6 @@ class MemberStack(gluon.Block):
             self.register_child(group, f"group{i}")
             if hybridize:
                 group.hybridize(static_alloc=True, static_shape=True)
-
-    @property
-    def nets(self):
-        """The members, in order (each registered in its device's group)."""
-        return [net for _, _, group in self.groups for net in group.nets]
 
     def _collect_params_with_prefix(self, prefix=""):
         """Keys by member, not by group: ``<k>.<key>``."""
@@ -127,13 +122,8 @@ def member_bytes(make_net, input_shape, batch_size):
     def hook(_block, _inputs, output):  # also called on symbols while shapes are inferred: not counted
         arrays = output if isinstance(output, (list, tuple)) else [output]
         outputs.append(sum(o.size for o in arrays if isinstance(o, (nd.NDArray, mx.np.ndarray))))
-    stack = [net]
-    while stack:
-        block = stack.pop()
-        children = list(block._children.values())  # pylint: disable=protected-access
-        if not children:
-            block.register_forward_hook(hook)
-        stack.extend(children)
+    for layer in leaves(net):
+        layer.register_forward_hook(hook)
     with semantics(model_is_np(net)):
         net(to_api(nd.zeros((1,) + tuple(input_shape)), model_is_np(net)))
     params = sum(p.data().size for p in net.collect_params().values())
@@ -176,13 +166,13 @@ def pipeline_layout(net, ctx):
     train in turns. A MemberStack trains each group on its members' columns of whole
     batches and evaluates on its home device; any other network takes a slice of the
     samples on every device."""
-    if not getattr(net, "places_itself", False):
+    if not isinstance(net, PlacedMembers):
         return PipelineLayout(ctx, None, ctx, False)
     return PipelineLayout([device for _, device, _ in net.groups],
                           [(first, len(group.nets)) for first, _, group in net.groups], [net.home], net.in_turns)
 
 
-def cpu_settings(members, model="lenet", fused_conv="auto"):
+def ensemble_variables(members, model="lenet", fused_conv="auto"):
     """The variables an ensemble wants set before MXNet starts: MXNet hands every
     operator from an extension library (LeNet's fused conv operator) a random-number
     state from one pool shared by all CPU contexts, round-robin, and two operators

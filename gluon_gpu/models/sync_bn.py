@@ -25,7 +25,7 @@ CPU_TEMP_COPIES = 1024  # MXNET_CPU_TEMP_COPY for runs with SyncBatchNorm on CPU
 MIN_ENGINE_THREADS = 2  # MXNET_CPU_WORKER_NTHREADS, likewise
 
 
-def cpu_settings(engine_threads):
+def sync_bn_variables(engine_threads):
     """The variables a --sync-bn run needs set before MXNet starts (``engine_threads``:
     --engine-threads, 0 when not given)."""
     if 0 < engine_threads < MIN_ENGINE_THREADS:

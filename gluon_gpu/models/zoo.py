@@ -50,7 +50,7 @@ def get_model(name="lenet", outputs=10, channels=1, members=1, fused=False):
         if name != "lenet":
             from .fused_members import FusedMembers
             return FusedMembers(lambda: get_model(name, outputs, channels), members)
-        from .ensemble import EnsembleLeNet
+        from .fused_lenet import EnsembleLeNet
         return EnsembleLeNet(members, fused, channels, outputs)
     if name == "lenet":
         return lenet(outputs, channels, fused)

@@ -28,8 +28,9 @@ from ..core.callbacks import save_figure, subplots
 from ..core.devices import cpu_contexts, gpu_count, parse_devices, require_thread_settings, thread_settings
 from ..core.errors import UserError
 from ..core.files import write_json
+from ..core.walk import descendants
 from ..core.precision import check_precision, precision_for
-from ..models.member_stack import cpu_settings as ensemble_settings
+from ..models.member_stack import ensemble_variables
 from ..data import load_dataset
 from ..models import get_model
 from ..models.zoo import model_for
@@ -83,16 +84,11 @@ def training_flops(model, samples, input_shape, outputs):
     def hook(block, _inputs, output):
         weight = block.weight.data()
         macs.append(output.size / output.shape[0] * weight.size / weight.shape[0])
-    for block in _descendants(net):
+    for block in descendants(net):
         if isinstance(block, (mx.gluon.nn.Conv2D, mx.gluon.nn.Dense)):
             block.register_forward_hook(hook)
     net(nd.zeros((1,) + tuple(input_shape)))
     return 2 * (3 * sum(macs) - macs[0]) * samples
-
-
-def _descendants(block):
-    children = list(block._children.values())  # pylint: disable=protected-access
-    return [block] + [d for c in children for d in _descendants(c)]
 
 
 def matmul_gflops(ctx=mx.cpu(), n=1024, repeats=7):
@@ -219,7 +215,7 @@ def main(argv=None):
                 return bench_ensembles.report_ensemble_variants(parser, args, bar)
             return bench_variants.report_variants(parser, args, bar, machine_info())
     require_thread_settings(args.omp_threads[0], args.engine_threads[0], restart=argv is None,
-                            extra=ensemble_settings(max(args.ensemble), args.model, args.fused_conv[0])
+                            extra=ensemble_variables(max(args.ensemble), args.model, args.fused_conv[0])
                             if args.ensemble and argv is None else None)
     if args.ensemble:
         return bench_ensembles.run_ensembles(args, parser)

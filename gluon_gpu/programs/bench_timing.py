@@ -9,7 +9,8 @@ import time
 
 import mxnet as mx
 
-from .. import __version__
+from ..core.environment import cpu_model
+from ..core.version import __version__
 from ..core.devices import gpu_count, parse_devices, thread_settings
 from ..core.environment import usable_cpus
 from ..core.loop import train_epoch
@@ -82,12 +83,7 @@ def summarize(name, runs, samples, devices):
 
 
 def machine_info():
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     gpus = []
     if gpu_count():
         try:

@@ -7,6 +7,7 @@ from typing import Optional
 
 from ..core.buckets import DEFAULT_BUCKET_MB
 from ..core.compat import upgrade_config
+from ..core.heads import TASKS
 from ..core.kvstores import KVSTORES
 from ..core.precision import DTYPES
 from ..data import DATASETS, PIPELINES
@@ -17,7 +18,6 @@ from .cli import non_negative_float, non_negative_int, positive_float, positive_
 OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
 EPOCH_SHAPED_LR = ("cosine", "poly", "linear")  # laid out over --epochs
-TASKS = ("classify", "regress")
 MONITORS = ("auto", "val-loss", "val-acc", "val-top5", "val-mse", "val-mae")
 
 

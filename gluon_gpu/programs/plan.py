@@ -1,6 +1,6 @@
 """The plan line a run prints before it trains: what runs where, how the gradients are
 exchanged, who gets each batch, the data and the run folder."""
-from .. import __version__
+from ..core.version import __version__
 from ..core.devices import describe, thread_settings
 from ..core.kvstores import default_kvstore
 from ..models.fused_conv import is_fused
@@ -9,7 +9,7 @@ from ..models.init import ensemble_layout
 
 def exchange_plan(dp, config, ctx):
     """'kvstore local, gradient buckets <= 4 MiB': how the gradients are exchanged."""
-    if dp.places_itself:
+    if dp.placed:
         return "no gradient exchange (independent members)"
     kvstore = f"kvstore {config.kvstore or default_kvstore(ctx)}"
     if len(dp.ctx) == 1 and dp.num_workers == 1:
@@ -47,6 +47,6 @@ def plan_line(config, run, ctx, out, dry_run=False):
 
 def batch_plan(dp, pipeline, batch_size, ctx):
     """Who gets each batch, for the plan line."""
-    if not dp.places_itself:
+    if not dp.placed:
         return f"{batch_size // len(ctx)}+ per device"
     return "whole, to each member in turn" if pipeline.turns > 1 else "whole, to every member"

@@ -71,7 +71,7 @@ class Checkpointer:
         """Write a checkpoint (rank 0 of a distributed job only; every worker calls this,
         at the same steps) and return its directory. ``batch`` counts global batches of
         this many workers: a resume with another worker count converts it."""
-        metrics = self.dp.metric_state()  # synchronous workers: a sum over all of them
+        metrics = self.dp.workers.sum_metric_state(self.dp.sums.state())  # synchronous workers: over all
         if not self.chief:
             return None
         state = {"epoch": epoch, "batch": batch, "workers": self.dp.num_workers, "turns": self.turns,
@@ -112,20 +112,21 @@ def resume_point(out, run, config, say, monitor):
             continue
         try:
             load_checkpoint(directory, dp, adapt_keys(config.model, config.ensemble))
-            dp.load_metric_state(upgrade_metric_state(state["metrics"], dp.sums.width))
+            if dp.rank == 0:  # rank 0 holds the job's sums; the other workers start from zero
+                dp.sums.load_state(upgrade_metric_state(state["metrics"], dp.sums.width))
         except (UserError, mx.base.MXNetError, pickle.UnpicklingError, EOFError, KeyError, TypeError,
                 ValueError, IndexError, AssertionError) as e:
             skip(directory, last_line(e))
             continue
         if state["epoch"] >= config.epochs:
             if chief:
-                say(f"{out} already finished {state['epoch']} epochs; pass --epochs N to train more")
+                print(f"{out} already finished {state['epoch']} epochs; pass --epochs N to train more")
             return None
         stopper = early_stopping(config, monitor)
         stalled = stopper.stalled(state["history"]) if stopper and state["history"] and not batch else None
         if stalled:
             if chief:
-                say(f"{out} stopped early after epoch {state['epoch']}: {stalled}; best.params holds epoch "
+                print(f"{out} stopped early after epoch {state['epoch']}: {stalled}; best.params holds epoch "
                       f"{monitor.best(state['history'])['epoch']}; a larger --early-stop trains on")
             return None
         if chief:

@@ -9,7 +9,7 @@ import time
 
 import mxnet as mx
 
-from .. import __version__
+from ..core.version import __version__
 from ..core.callbacks import MetricsFile
 from ..core.checkpoint import complete_checkpoints, latest_checkpoint
 from ..core.devices import devices, parse_devices, require_thread_settings
@@ -20,8 +20,8 @@ from ..core.loop import Interrupted, StopFlag, fit
 from ..core.params import ParamSnapshot, save_parameters
 from ..models.fused_conv import is_fused
 from ..models.init import ensemble_engine_workers
-from ..models.member_stack import cpu_settings as ensemble_settings
-from ..models.sync_bn import cpu_settings as sync_bn_settings
+from ..models.member_stack import ensemble_variables
+from ..models.sync_bn import sync_bn_variables
 from .cli import Parser, command, main_guard, parse_args, progress_enabled
 from .config import RunConfig, add_flags
 from .launch import RESTART_ENV
@@ -101,11 +101,11 @@ def main(argv=None):
     # needs them; an ensemble only runs faster, so a library call goes on without)
     extra, workers = {}, 0
     if argv is None:
-        extra.update(ensemble_settings(config.ensemble, config.model, config.fused_conv))
+        extra.update(ensemble_variables(config.ensemble, config.model, config.fused_conv))
         if not config.engine_threads:  # an ensemble on one CPU context: a worker per core
             workers = ensemble_engine_workers(config.ensemble, config.ensemble_layout, parse_devices(config.devices))
     if config.sync_bn:
-        extra.update(sync_bn_settings(config.engine_threads))
+        extra.update(sync_bn_variables(config.engine_threads))
     if extra or workers:
         require_thread_settings(engine_threads=workers, restart=argv is None, extra=extra)
     with devices(config.devices) as ctx:
@@ -129,8 +129,7 @@ def main(argv=None):
             say = None
             if chief:
                 remove_temporaries(out)  # of writes a kill cut short
-                say = TrainLog(os.path.join(out, "train.log"))
-                say.record(plan)
+                say = TrainLog(os.path.join(out, "train.log"), header=[plan])
             start = resume_point(out, run, config, say, monitor) if args.resume else (0, 0, 0.0, [])
             if start is None:
                 return 0

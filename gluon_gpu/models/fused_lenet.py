@@ -11,6 +11,7 @@ Input ``(B, K*C, H, W)`` (member k's image in channels k*C..), output ``(B, K, o
 import mxnet as mx
 from mxnet import gluon, nd
 
+from ..core.members import PlacedMembers
 from ..core.modes import forward_zeros, legacy, model_is_np, to_api
 from .fused_members import FusedMembers, extract
 from .lenet import conv_stages, lenet
@@ -103,7 +104,7 @@ def extract_member(ens, k, ctx=None, input_shape=(1, 28, 28)):
     itself (it shares its parameters); a fused ensemble's is a copy."""
     if not 0 <= k < ens.members:
         raise IndexError(f"member {k} of an ensemble of {ens.members}")
-    if getattr(ens, "places_itself", False):
+    if isinstance(ens, PlacedMembers):
         return ens.nets[k]
     ctx = ctx or next(iter(ens.collect_params().values())).list_ctx()
     if isinstance(ens, FusedMembers):

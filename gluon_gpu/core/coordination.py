@@ -1,0 +1,82 @@
+"""The workers of a distributed job agreeing with each other, each agreement one small
+push and pull over the job's kvstore: the sums of the metric figures, a vote to stop on
+a signal (all must stop after the same step, or the ones still stepping wait forever
+for the others' gradients), and whether any worker asks for something (early stopping).
+A job of one process answers every question from its own figures."""
+import signal
+
+import numpy as np
+from mxnet import nd
+
+from .modes import semantics
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # what a training loop stops on, in precedence
+_METRIC_KEY = 1 << 20  # beyond any parameter index
+_STOP_KEY, _STATE_KEY = _METRIC_KEY + 1, _METRIC_KEY + 2
+
+
+class Workers:
+    """This process's place in its job: ``rank`` of ``count``. ``store``: the job's
+    distributed KVStore, or None for a job of one process. Synchronous workers
+    (``sync``: every kvstore but dist_async) must call each method at the same steps."""
+
+    def __init__(self, store=None):
+        self.store = store
+        self.distributed = store is not None
+        self.rank = store.rank if store else 0
+        self.count = store.num_workers if store else 1
+        self.sync = self.distributed and store.type != "dist_async"
+
+    def start(self, trainer, is_np, metric_width, devices):
+        """Initialize the parameters on the servers now, and wait for every worker to
+        have pulled them, before any gradient is pushed: MXNet 1.9 with
+        update_on_kvstore=False uses one key for both, and a worker still pulling the
+        initial weights otherwise races another's first gradient push and can receive
+        the gradient sum as its weights (seen here as replicas that differ). Then the
+        keys of the agreements below."""
+        with semantics(is_np):
+            trainer._init_kvstore()  # pylint: disable=protected-access
+            trainer._init_params()  # pylint: disable=protected-access
+        nd.waitall()
+        self.store._barrier()  # pylint: disable=protected-access
+        self.store.init(_METRIC_KEY, nd.zeros((metric_width + 1,)))
+        self.store.init(_STOP_KEY, nd.zeros((len(STOP_SIGNALS),)))
+        self.store.init(_STATE_KEY, nd.zeros((metric_width * devices + 1,)))
+
+    def _sum(self, key, vector):
+        local = nd.array(vector)
+        self.store.push(key, local)
+        total = nd.zeros(local.shape)
+        self.store.pull(key, out=total)
+        return total.asnumpy()
+
+    def sum_metrics(self, vector, samples):
+        """``(vector, samples)`` summed over the workers."""
+        total = self._sum(_METRIC_KEY, np.concatenate([vector, [samples]]))
+        return total[:-1], int(round(total[-1]))
+
+    def sum_metric_state(self, state):
+        """A metric state (``DeviceSums.state``) summed over the workers, per device."""
+        if not self.sync:
+            return state
+        flat = np.concatenate([np.ravel(state["sums"]), [state["samples"]]])
+        total = self._sum(_STATE_KEY, flat)
+        return {"sums": total[:-1].reshape(len(state["sums"]), -1).tolist(), "samples": int(round(total[-1]))}
+
+    def any(self, flag):
+        """Whether ``flag`` holds on any worker."""
+        if not self.sync:
+            return bool(flag)
+        return self._sum(_STOP_KEY, [float(bool(flag)), 0.0])[0] > 0
+
+    def agree_to_stop(self, signum, sync_point):
+        """The signal to stop on after this step, or None. One process: its own request
+        (``signum``), at once. Synchronous workers: at sync points only, any worker's
+        request, so all stop together; SIGTERM wins over SIGINT when workers got
+        different ones."""
+        if not self.sync:
+            return signum
+        if not sync_point:
+            return None
+        votes = self._sum(_STOP_KEY, [float(signum == s) for s in STOP_SIGNALS])
+        return next((s for s, n in zip(STOP_SIGNALS, votes) if n > 0), None)

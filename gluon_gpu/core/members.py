@@ -1,0 +1,101 @@
+"""Networks that place their own members: the interface DataParallel calls for an
+ensemble laid out over devices (the models layer implements it:
+models/member_stack.MemberStack), and the Trainer of such members."""
+from mxnet import gluon
+
+from .modes import legacy
+
+
+class PlacedMembers(gluon.Block):
+    """K independent members in groups, each group a block on one device.
+
+    A subclass sets ``members`` (K), ``home`` (the device it evaluates on) and ``groups``:
+    ``[(first member, device, group)]``, where ``group.nets`` are its members in order and
+    the group maps ``(B, Kg*C, ...)`` to ``(B, Kg, outputs)``. DataParallel leaves the
+    members where they are: each group trains on its members' columns of whole batches,
+    in a graph of its own, and no gradient crosses groups."""
+
+    @property
+    def nets(self):
+        """The members, in order."""
+        return [net for _, _, group in self.groups for net in group.nets]
+
+    @property
+    def devices(self):
+        """Each group's device (a device may hold several groups)."""
+        return [device for _, device, _ in self.groups]
+
+    def split(self, data, label, training=True):
+        """In training each group's members' columns (axis 1) of the whole batch; in
+        evaluation the whole batch on the home device."""
+        if not training:
+            return [data.as_in_context(self.home)], [label.as_in_context(self.home)]
+        return tuple([a[:, first:first + len(group.nets)].as_in_context(device)
+                      for first, device, group in self.groups] for a in (data, label))
+
+    def members_of(self, groups):
+        """The members that ``groups`` (indices into ``groups``) train."""
+        return [first + j for first, _, group in (self.groups[g] for g in groups) for j in range(len(group.nets))]
+
+    def graph_of(self, g):
+        """``(block, members, slots)`` of group ``g``'s step graph: its figures land in its
+        members' slots among all K."""
+        first, _, group = self.groups[g]
+        return group, len(group.nets), (first, self.members)
+
+    def clip(self, members, max_norm):
+        """Clip each of ``members`` by its own gradient norm, as it would be clipped alone."""
+        for member in (self.nets[k] for k in members):
+            grads = [legacy(p.list_grad()[0]) for p in member.collect_params().values() if p.grad_req != "null"]
+            gluon.utils.clip_global_norm(grads, max_norm, check_isfinite=False)
+
+
+class MemberTrainer(gluon.Trainer):
+    """The Trainer of members (``nets``) that live on different devices, each member's
+    parameters on one. ``gluon.Trainer`` asserts that all parameters share one device
+    list, which only its kvstore needs; with none, its one updater updates every
+    parameter where it lives, which is what independent members want.
+
+    ``update_members`` updates the members that stepped: members in turns step one at a
+    time. The learning-rate schedule reads the optimizer's ``num_update``, the most
+    updates of any parameter so far; here it is the count of the members being updated,
+    so each member follows its own schedule as it would alone."""
+
+    def __init__(self, nets, optimizer, optimizer_params=None, **kwargs):
+        params = {p.name: p for net in nets for p in net.collect_params().values()}
+        super().__init__(params, optimizer, optimizer_params, **kwargs)
+        index = {id(p): i for i, p in enumerate(self._params)}
+        self._member_params = [[index[id(p)] for p in net.collect_params().values() if p.grad_req != "null"]
+                               for net in nets]
+        self._devices = [self._params[i[0]].list_ctx()[0] if i else None for i in self._member_params]
+        self._stepping = range(len(nets))
+
+    def _check_contexts(self):
+        return self._params[0].list_ctx()[:1] if self._params else []
+
+    def update_members(self, batch_size, members):
+        optimizer = self._optimizer
+        counts = optimizer._index_update_count  # pylint: disable=protected-access
+        optimizer.num_update = max(counts.get(i, optimizer.begin_num_update)
+                                   for k in members for i in self._member_params[k])
+        self._stepping = members
+        self.update(batch_size)
+
+    def _update(self, ignore_stale_grad=False):
+        """The stepping members' parameters, one updater call per device: the optimizer
+        aggregates several parameters into one operator, which must not span two
+        devices (it would make each wait for the other), and no parameter's
+        fresh-gradient flag is asked (a call into MXNet each, per step)."""
+        loss_scaler = getattr(self, "_amp_loss_scaler", None)
+        if loss_scaler is not None and loss_scaler.has_overflow(self._params):
+            return  # AMP: skip the step on overflow
+        by_device = {}
+        for k in self._stepping:
+            by_device.setdefault(self._devices[k], []).extend(self._member_params[k])
+        for indices in by_device.values():
+            params = [self._params[i] for i in indices]
+            self._updaters[0](indices, [p.list_grad()[0] for p in params], [p.list_data()[0] for p in params])
+
+    def _init_kvstore(self):
+        self._kvstore, self._update_on_kvstore, self._distributed = None, False, False
+        self._kv_initialized = True

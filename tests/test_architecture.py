@@ -1,0 +1,100 @@
+"""The package's shape, as docs/architecture.md states it: four layers, each importing
+only the layers below it, no import cycle between modules (imports inside functions
+included), and a data-parallel step short enough to read whole."""
+import ast
+import os
+
+import pytest
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gluon_gpu")
+LAYERS = ("core", "data", "models", "programs")  # each may import those before it
+
+
+def modules():
+    """``{dotted name: path}`` of every module of the package."""
+    found = {}
+    for root, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                parts = os.path.relpath(path, os.path.dirname(PACKAGE))[:-3].split(os.sep)
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                found[".".join(parts)] = path
+    return found
+
+
+def imports(name, path, known):
+    """The package modules ``name`` imports, anywhere in its file."""
+    package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:  # `from . import x` names a module; `from .m import f` a name
+                found.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {t for t in found if t in known and t != name}
+
+
+def layer(name):
+    parts = name.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else len(LAYERS)  # top: the entry points
+
+
+@pytest.fixture(scope="module")
+def graph():
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def test_no_layer_imports_a_layer_above_it(graph):
+    upward = [f"{m} -> {t}" for m, targets in graph.items() for t in targets if layer(t) > layer(m)]
+    assert upward == []
+
+
+def test_no_import_cycle(graph):
+    state, cycles = {}, []
+
+    def visit(module, trail):
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(trail[trail.index(target):] + [target]))
+            elif target not in state:
+                visit(target, trail + [target])
+        state[module] = "done"
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    package_inits = {m for m in graph if os.path.basename(modules()[m]) == "__init__.py"}
+    # a package's __init__ re-exporting its modules is not a cycle of the modules themselves
+    real = [c for c in cycles if not set(c.split(" -> ")) & package_inits]
+    assert real == []
+
+
+def test_the_graph_sees_real_imports(graph):
+    """The checks above can fail: the parser finds the imports that are there."""
+    assert "gluon_gpu.core.parallel" in graph["gluon_gpu.programs.run"]
+    assert "gluon_gpu.core.members" in graph["gluon_gpu.models.member_stack"]
+    assert layer("gluon_gpu.models.zoo") > layer("gluon_gpu.core.devices")
+
+
+def test_the_data_parallel_step_reads_whole():
+    with open(os.path.join(PACKAGE, "core", "parallel.py")) as f:
+        assert len(f.read().splitlines()) <= 200
+
+
+def test_core_meets_member_groups_only_through_their_interface():
+    """core calls the models layer's ensembles through members.PlacedMembers, never by
+    duck-typing their attributes."""
+    for name in os.listdir(os.path.join(PACKAGE, "core")):
+        if name.endswith(".py"):
+            text = open(os.path.join(PACKAGE, "core", name)).read()
+            assert "places_itself" not in text and "getattr(net, \"groups\"" not in text, name
