@@ -8,12 +8,13 @@ ARGS   ?=
 DATA   := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install data hosts train test bench clean
+.PHONY: install data hosts train test check bench clean
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt requirements-test.txt setup.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info < (3, 12), "gluon_gpu needs Python <= 3.11 (numpy 1.23.5 for mxnet 1.9.1)"'
+	@echo "make: installing into $(VENV): the pinned requirements (requirements-test.txt) and gluon_gpu itself"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-test.txt
@@ -23,13 +24,15 @@ $(VENV)/.installed: requirements.txt requirements-test.txt setup.py
 # Debian's copy of FashionMNIST; without it (not Debian, not root) the trainer
 # falls back to MXNet's download, or says how to get the data.
 data:
-	@[ -f $(DATA) ] || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist; } \
+	@[ -f $(DATA) ] || { echo "make: installing Debian's dataset-fashion-mnist (apt-get): the real FashionMNIST that training and the tests use"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist; } \
 	  || echo "warning: could not install dataset-fashion-mnist; pass --data-dir or let MXNet download" >&2
 
 # Debian's openssh-server, for the tests that run jobs across network-namespace hosts
 # (root only; elsewhere those tests are skipped and say why).
 hosts:
-	@[ -x /usr/sbin/sshd ] || [ "$$(id -u)" != 0 ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	@[ -x /usr/sbin/sshd ] || [ "$$(id -u)" != 0 ] || { echo "make: installing Debian's openssh-server (apt-get, as root): the multi-host tests start jobs over ssh between network namespaces on this machine"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends openssh-server openssh-client >/dev/null; } \
 	  || echo "warning: could not install openssh-server; the multi-host tests will be skipped" >&2
 
@@ -38,6 +41,10 @@ train: install data
 
 test: install data hosts
 	$(PY) -m pytest
+
+# A quick subset (tests marked quick in tests/conftest.py), under 2 minutes: for local work.
+check: install data
+	$(PY) -m pytest -m quick -q
 
 bench: install data
 	$(PY) -m gluon_gpu.bench $(ARGS)

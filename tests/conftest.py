@@ -79,3 +79,15 @@ def make_image_folder(root, per_class=(60, 20), size=32, seed=0):
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory):
     return make_image_folder(tmp_path_factory.mktemp("folder") / "shapes")
+
+
+# `make check`: modules that together cover every layer in under 2 minutes.
+QUICK_MODULES = ("test_architecture", "test_devices", "test_blocks", "test_data", "test_run_folder",
+                 "test_parallel", "test_train_cli", "test_install_script")
+QUICK_TESTS = ("test_every_path_the_page_names_exists", "test_the_readme_is_a_front_door")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.module.__name__ in QUICK_MODULES or item.originalname in QUICK_TESTS:
+            item.add_marker(pytest.mark.quick)
