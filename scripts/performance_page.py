@@ -25,7 +25,8 @@ def run_bench(epochs, limit, out):
     if proc.returncode:
         raise SystemExit(f"performance_page: the benchmark failed: {proc.stderr.strip().splitlines()[-1:]}")
     with open(os.path.join(out, "bench.json")) as f:
-        return " ".join(cmd[1:]), json.load(f), proc.stdout
+        shown = ["gluon-gpu-bench", "--epochs", str(epochs)] + (["--limit", str(limit)] if limit else [])
+        return " ".join(shown), json.load(f), proc.stdout
 
 
 def commit():

@@ -7,19 +7,20 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = sorted(["README.md", "CHANGELOG.md"] + [os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/*.md")])
-FENCE = re.compile(r"(?:<!-- not run: (?P<why>[^>]*) -->\n)?```(?P<lang>[\w-]*)\n(?P<body>.*?)```", re.S)
+FENCE = re.compile(r"(?:<!-- not run: (?P<why>[^>]*) -->\n[ \t]*)?```(?P<lang>[\w-]*)\n(?P<body>.*?)```", re.S)
 RUNNABLE = {"sh": "bash", "bash": "bash", "python": "python"}
 
 
 def blocks(page):
     """``[(lang, body, why-not-run)]`` of a page's fenced blocks, in order."""
     with open(os.path.join(REPO, page)) as f:
-        return [(m["lang"], m["body"], m["why"]) for m in FENCE.finditer(f.read())]
+        return [(m["lang"], textwrap.dedent(m["body"]), m["why"]) for m in FENCE.finditer(f.read())]
 
 
 def environment():
