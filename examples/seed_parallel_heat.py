@@ -7,7 +7,7 @@ Data: 48 interior points of a rod of length 3 (zero temperature at both ends), 1
 random top-hat initial states, each advanced one backward-Euler (BTCS) step with dt 0.1
 and diffusivity 0.1; the network regresses the next state from the current one.
 
-    python examples/seed_parallel_heat.py [--seeds 10] [--epochs 60] [--samples 1000] [--out heat-out]
+    python examples/seed_parallel_heat.py [--seeds 10] [--epochs 60] [--samples 1000] [--out runs/heat]
 
 Writes OUT/heat.json (every member's loss per epoch, the timings) and OUT/heat.png
 (every member's loss curve and the members' spread).
@@ -91,7 +91,7 @@ def main():
     p.add_argument("--samples", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--devices", default="all")
-    p.add_argument("--out", default="heat-out")
+    p.add_argument("--out", default="runs/heat")
     args = p.parse_args()
     u0, u1 = heat_data(args.samples)
     split = args.samples * 9 // 10

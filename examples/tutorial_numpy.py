@@ -7,6 +7,7 @@ The network is the tutorial's, written as it writes it (``npx.set_np()``,
 the saved parameters are loaded back the tutorial's way, ``net.load_parameters(path,
 ctx=...)``, into a fresh copy of the tutorial's network.
 """
+import os
 import sys
 
 from mxnet import npx
@@ -45,9 +46,10 @@ with gluon_gpu.devices("all") as ctx:                            # every GPU, el
         m = dp.read_metrics()                                    # the one host sync of the epoch
         print(f"epoch {epoch + 1}: loss {m['loss']:.3f} train-acc {m['acc']:.3f} "
               f"val-acc {dp.evaluate(valid.epoch(0))['acc']:.3f}")
-    save_parameters(net, "net.params")                           # one format both APIs read
+    os.makedirs("runs", exist_ok=True)
+    save_parameters(net, "runs/tutorial-net.params")             # one format both APIs read
 
     again = tutorial_lenet()                                     # the tutorial's own loading
-    again.load_parameters("net.params", ctx=ctx)
+    again.load_parameters("runs/tutorial-net.params", ctx=ctx)
     check = gluon_gpu.DataParallel(again, ctx, head=gluon_gpu.Classification(10), transform=data.spec.transform())
     print(f"reloaded: val-acc {check.evaluate(valid.epoch(0))['acc']:.3f}")

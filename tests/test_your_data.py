@@ -140,6 +140,7 @@ def test_examples_run_and_learn(script, args, expect, image_folder, tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", script)] + args, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr
+    assert set(os.listdir(tmp_path)) <= {"runs"}  # an example writes under runs/, never beside you
     lines = proc.stdout.strip().splitlines()
     assert expect in lines[-1]
     figures = [float(l.rsplit(" ", 1)[1]) for l in lines if expect.split(":")[-1].strip() in l]
