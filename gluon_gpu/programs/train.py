@@ -183,7 +183,8 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
 
 
 def _resume_command(out):
-    return command("train", "--resume", out)
+    """Works pasted anywhere: this interpreter, and the run folder's absolute path."""
+    return command("train", "--resume", os.path.abspath(out))
 
 
 def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, progress, say, monitor):
