@@ -124,3 +124,14 @@ def test_the_installed_console_scripts_run():
         pytest.skip(f"gluon_gpu is not installed in {bin_dir} (pip install .): {missing}")
     proc = subprocess.run([os.path.join(bin_dir, "gluon-gpu-bench"), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: gluon_gpu.bench"), proc.stderr
+
+
+def test_an_ensemble_epoch_line_says_what_its_spread_is():
+    from gluon_gpu.core.callbacks import format_epoch
+    record = {"epoch": 1, "train_loss": 0.5, "train_acc": 0.8, "train_top5": 0.99, "val_loss": 0.4,
+              "member_val_loss": [0.5, 0.4, 0.6], "val_acc": 0.85, "member_val_acc": [0.8, 0.84, 0.82],
+              "val_top5": 0.99, "member_val_top5": [0.98, 0.99, 0.97], "seconds": 1.0, "samples_per_s": 100.0}
+    line = format_epoch(record, 10)
+    assert "members val-acc min/median/max 0.8000/0.8200/0.8400" in line
+    assert "ensemble val-acc 0.8500" in line and "ensemble val-top5 0.9900" in line
+    assert line.count("min/median/max") == 1 and len(line) < 250

@@ -11,11 +11,11 @@ def metric_names(record):
 
 def format_epoch(record, epochs):
     """One human line per epoch: train loss and metrics, validation loss and metrics
-    (ensembles: each metric's member min/median/max before the ensemble's; samples/s
-    counts member-samples)."""
+    (ensembles: the first metric's member min/median/max, then the ensemble's figures;
+    samples/s counts member-samples)."""
     parts = [f"epoch {record['epoch']:>3}/{epochs}", f"loss {record['train_loss']:.4f}"]
     parts += [f"train-{name} {record['train_' + name]:.4f}" for name in metric_names(record)]
-    members = 1
+    members, first = 1, (metric_names(record) or [None])[0]
     for name in ["loss"] + metric_names(record):
         value = record.get("val_" + name)
         if value is None:
@@ -23,8 +23,8 @@ def format_epoch(record, epochs):
         spread = record.get("member_val_" + name)
         if spread:
             members, ordered = len(spread), sorted(spread)
-            if name != "loss":
-                parts.append(f"member val-{name} {ordered[0]:.4f}/{ordered[len(ordered) // 2]:.4f}/"
+            if name == first:  # one spread keeps the line readable; metrics.json has every member's figures
+                parts.append(f"members val-{name} min/median/max {ordered[0]:.4f}/{ordered[len(ordered) // 2]:.4f}/"
                              f"{ordered[-1]:.4f}")
             parts.append(f"ensemble val-{name} {value:.4f}")
         else:
