@@ -79,9 +79,10 @@ def test_a_dry_run_says_it_creates_nothing(tmp_path, capsys):
 
 def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, capsys):
     assert train.main(SHORT + ["--out", str(tmp_path / "r"), "--batch-size", "2048", "--epochs", "1"]) == 0
-    err = capsys.readouterr().err
-    assert ("gluon_gpu.train: warning: --batch-size 2048 is larger than the 1024 training samples: "
-            "every epoch is one update of 1024 samples") in err
+    warning = ("gluon_gpu.train: warning: --batch-size 2048 is larger than the 1024 training samples: "
+               "every epoch is one update of 1024 samples")
+    assert warning in capsys.readouterr().err
+    assert open(tmp_path / "r" / "train.log").read().splitlines()[1] == warning  # the log keeps it too
 
 
 def test_a_scheduled_run_prints_no_mxnet_warning(tmp_path, capsys):

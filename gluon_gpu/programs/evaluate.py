@@ -12,11 +12,16 @@ from .config import COMMON_FLAGS, add_flags
 def build_parser():
     p = Parser(prog="gluon_gpu.evaluate", description=__doc__)
     add_flags(p, COMMON_FLAGS)
+    add_saved_model_flags(p)
+    return p
+
+
+def add_saved_model_flags(p):
+    """--params and --model: which saved network to load (evaluate and predict)."""
     p.add_argument("--params", required=True, metavar="RUN_DIR|FILE",
                    help="a run folder (its best.params, else net.params) or a parameter file (gluon_gpu's, "
                         "or saved by your own code)")
     p.add_argument("--model", default=None, help="network (default: the one the run recorded, else lenet)")
-    return p
 
 
 def recorded_spec(params_path):

@@ -24,14 +24,12 @@ from ..data.images import decode
 from ..models import load_model, params_in
 from .cli import Parser, main_guard, parse_args
 from .config import add_flags
-from .evaluate import recorded_spec
+from .evaluate import add_saved_model_flags, recorded_spec
 
 def build_parser():
     p = Parser(prog="gluon_gpu.predict", description=__doc__)
     add_flags(p, ("devices", "fused_conv", "omp_threads", "engine_threads"), defaults={"devices": None})
-    p.add_argument("--params", required=True, metavar="RUN_DIR|FILE",
-                   help="a run folder (its best.params, else net.params) or a parameter file (gluon_gpu's or your own)")
-    p.add_argument("--model", default=None, help="network (default: the one the run recorded, else lenet)")
+    add_saved_model_flags(p)
     p.add_argument("--idx", help="an IDX images file (.gz or not) to predict entries of")
     p.add_argument("--npz", help="an .npz file: predict rows of its x_val (else x) array")
     p.add_argument("--index", default="0:10", help="with --idx/--npz: START:STOP or one index")

@@ -117,10 +117,11 @@ def main(argv=None):
         if chief and not args.dry_run:
             check_writable(out)
         if chief:
-            plan = plan_line(config, run, ctx, out, args.dry_run)
-            print(plan, flush=True)
+            shown = [plan_line(config, run, ctx, out, args.dry_run)]
+            print(shown[0], flush=True)
             for warning in run.warnings:
-                print(f"gluon_gpu.train: warning: {warning}", file=sys.stderr, flush=True)
+                shown.append(f"gluon_gpu.train: warning: {warning}")
+                print(shown[-1], file=sys.stderr, flush=True)
         if args.dry_run:
             return 0
         with RunLock(out) if chief else contextlib.nullcontext():
@@ -129,7 +130,7 @@ def main(argv=None):
             say = None
             if chief:
                 remove_temporaries(out)  # of writes a kill cut short
-                say = TrainLog(os.path.join(out, "train.log"), header=[plan])
+                say = TrainLog(os.path.join(out, "train.log"), header=shown)
             start = resume_point(out, run, config, say, monitor) if args.resume else (0, 0, 0.0, [])
             if start is None:
                 return 0
@@ -175,7 +176,8 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
                 f"{'' if recorded else ' (metrics.json could not record the failure either)'}")
         print(line, file=sys.stderr)
         with contextlib.suppress(WriteError):  # the log may be on the disk that failed
-            say.record(line)
+            if say:
+                say.record(line)
         return 1
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
