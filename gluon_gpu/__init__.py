@@ -4,18 +4,26 @@ Layers (each imports only those before it): ``core`` (devices, the data-parallel
 task heads, both MXNet APIs, checkpoints, the loop), ``data`` (datasets, pipelines) and
 ``models`` (LeNet, the zoo, ensembles, the fused operator, loading), then ``programs``
 (train, evaluate, predict, bench, launch).
+
+``import gluon_gpu`` starts nothing: the names below are imported on first use, after a
+check of the environment variables MXNet reads when it starts (a bad one is a
+UserError naming it, where MXNet would abort or hang).
 """
+import importlib
 
+from .core import environment
 from .core.version import __version__  # noqa: F401  (gluon_gpu.__version__)
-from .core import environment  # noqa: E402  (imports no mxnet: it runs before mxnet starts)
 
-environment.check()
+_API = {"devices": "core.devices", "parse_devices": "core.devices", "DataParallel": "core.parallel",
+        "Head": "core.heads", "Classification": "core.heads", "Regression": "core.heads",
+        "UserError": "core.errors", "ensemble": "models", "get_model": "models", "load_model": "models"}
+__all__ = list(_API)
 
-from .core.devices import devices, parse_devices  # noqa: E402
-from .core.errors import UserError  # noqa: E402
-from .core.heads import Classification, Head, Regression  # noqa: E402
-from .core.parallel import DataParallel  # noqa: E402
-from .models import ensemble, get_model, load_model  # noqa: E402
 
-__all__ = ["devices", "parse_devices", "DataParallel", "Head", "Classification", "Regression",
-           "ensemble", "get_model", "load_model", "UserError"]
+def __getattr__(name):
+    if name not in _API:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    environment.check()
+    value = getattr(importlib.import_module(f".{_API[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -1,7 +1,9 @@
 """python -m gluon_gpu.evaluate (programs/evaluate.py)."""
 import sys
 
-from .programs.evaluate import main
+from .entry import program
+
+main = program("evaluate")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,9 @@
 """python -m gluon_gpu.launch (programs/launch.py)."""
 import sys
 
-from .programs.launch import main
+from .entry import program
+
+main = program("launch")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,9 @@
 """python -m gluon_gpu.predict (programs/predict.py)."""
 import sys
 
-from .programs.predict import main
+from .entry import program
+
+main = program("predict")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -242,7 +242,6 @@ def test_predict_refuses_a_decompression_bomb_from_its_header(run_dir, tmp_path,
     ("MXNET_CPU_WORKER_NTHREADS", "0"),  # hangs forever
     ("MXNET_CPU_WORKER_NTHREADS", "-2"),
     ("MXNET_ENGINE_TYPE", "Bogus"),  # a traceback from the engine
-    ("GLUON_GPU_CHECKPOINT_PAUSE", "soon"),
 ])
 @pytest.mark.parametrize("program", ["train", "evaluate", "predict", "bench"])
 def test_bad_environment_variables_are_one_line_before_mxnet_starts(variable, value, program):
@@ -260,6 +259,30 @@ def test_a_library_user_gets_the_same_reason_as_an_exception():
     from gluon_gpu.core import environment
     assert environment.problem({"OMP_NUM_THREADS": "abc"}).startswith("OMP_NUM_THREADS='abc': must be a whole")
     assert environment.problem({"OMP_NUM_THREADS": "2", "MXNET_ENGINE_TYPE": "NaiveEngine"}) is None
-    assert not environment.running_a_program(["script.py"], ["python", "script.py"])
-    assert environment.running_a_program(["-m"], ["python", "-X", "dev", "-m", "gluon_gpu.train"])
-    assert environment.running_a_program(["/venv/bin/gluon-gpu-train"], ["/venv/bin/python", "/venv/bin/gluon-gpu-train"])
+
+
+IMPORT_PROBE = """
+import os, sys
+before = dict(os.environ)
+import gluon_gpu
+print("mxnet" in sys.modules, dict(os.environ) == before)
+try:
+    gluon_gpu.DataParallel
+except gluon_gpu.core.errors.UserError as e:
+    print("UserError:", e)
+"""
+
+
+def test_importing_gluon_gpu_writes_no_variable_starts_no_mxnet_and_never_exits():
+    """The API is imported on first use: a bad variable is then a UserError (never an
+    exit); only choosing devices sets the CPU pools' sizes (test_devices)."""
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MXNET_CPU_TEMP", "MXNET_CPU_PARALLEL"))}
+    done = subprocess.run([sys.executable, "-c", IMPORT_PROBE], cwd=repo, capture_output=True, text=True,
+                          timeout=120, env={**env, "PYTHONPATH": repo, "OMP_NUM_THREADS": "abc"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["False True", "UserError: OMP_NUM_THREADS='abc': must be a whole number "
+                                        f"from 1 to {16 * len(os.sched_getaffinity(0))} (16 per core)"]
+

@@ -126,10 +126,14 @@ def test_resume_refuses_changed_flags_and_missing_checkpoints(straight, tmp_path
 
 # -- real processes, real signals ------------------------------------------------------
 
-def start(args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "gluon_gpu.train"] + args, cwd=REPO,
+def start(args, pause=None):
+    """gluon_gpu.train with ``args``; ``pause``: seconds it sleeps inside every checkpoint
+    write (tests/paused_checkpoints.py), for a kill to land there."""
+    program = ["-m", "gluon_gpu.train"] if pause is None else [os.path.join(REPO, "tests", "paused_checkpoints.py"),
+                                                               str(pause)]
+    return subprocess.Popen([sys.executable] + program + args, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": REPO, **(env or {})})
+                            env={**os.environ, "PYTHONPATH": REPO})
 
 
 def wait_for(predicate, timeout=120):
@@ -198,14 +202,14 @@ def test_kill_9_before_any_epoch_finished_resumes_from_the_start(straight, tmp_p
     """A step-0 checkpoint is written before training: a kill in the first epoch, even
     inside the first epoch's checkpoint write, still leaves a run to resume."""
     out = str(tmp_path / "run")
-    proc = start(SMALL + ["--epochs", "4", "--out", out], {"GLUON_GPU_CHECKPOINT_PAUSE": "60"})
+    proc = start(SMALL + ["--epochs", "4", "--out", out], pause=60)
     wait_for(lambda: checkpoint_names(out, hidden=True))  # inside the step-0 write: nothing yet
     proc.kill()
     proc.wait()
     assert latest_checkpoint(out) == (None, None)
     assert train.main(["--resume", out]) == 2  # nothing to resume: a clear error, not a crash
     out = str(tmp_path / "run2")
-    proc = start(SMALL + ["--epochs", "4", "--out", out], {"GLUON_GPU_CHECKPOINT_PAUSE": "1"})
+    proc = start(SMALL + ["--epochs", "4", "--out", out], pause=1)
     wait_for(lambda: checkpoint_names(out) and checkpoint_names(out, hidden=True))  # epoch 1's write
     proc.kill()
     proc.wait()
@@ -226,7 +230,7 @@ def test_kill_9_at_any_moment_leaves_a_resumable_run(straight, tmp_path):
     proc.wait()
     assert_loadable(out)
 
-    proc = start(["--resume", out, "--quiet"], {"GLUON_GPU_CHECKPOINT_PAUSE": "60"})
+    proc = start(["--resume", out, "--quiet"], pause=60)
     wait_for(lambda: checkpoint_names(out, hidden=True))  # inside the next checkpoint write
     complete_before = checkpoint_names(out)
     proc.kill()

@@ -119,7 +119,7 @@ def test_missing_data_names_both_ways(isolated):
     with pytest.raises(DataError) as e:
         data.find_data_dir(None, "train")
     assert "apt-get install dataset-fashion-mnist" in str(e.value)
-    assert "--data-dir" in str(e.value)
+    assert "`data_dir`" in str(e.value)  # the parameter: the CLI shows it as --data-dir
 
 
 def test_explicit_data_dir_must_hold_the_files(tmp_path):

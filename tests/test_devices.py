@@ -136,12 +136,14 @@ def test_cli_restarts_itself_with_the_thread_flags_in_effect(tmp_path, data_dir)
 
 
 @pytest.mark.parametrize("preset, expected", [(None, "64"), ("8", "8")])
-def test_importing_gluon_gpu_widens_the_shared_cpu_scratch_pool(preset, expected):
+def test_choosing_devices_widens_the_shared_cpu_scratch_pool(preset, expected):
     """MXNet's default of 4 CPU scratch buffers, shared by all CPU contexts, serializes
-    cpu(0) and cpu(1); importing gluon_gpu raises it unless the user chose a value."""
+    cpu(0) and cpu(1); choosing devices raises it unless the user chose a value (importing
+    gluon_gpu does not: test_bad_input)."""
     env = {k: v for k, v in os.environ.items() if k != "MXNET_CPU_TEMP_COPY"}
     if preset:
         env["MXNET_CPU_TEMP_COPY"] = preset
-    proc = subprocess.run([sys.executable, "-c", "import os, gluon_gpu; print(os.environ['MXNET_CPU_TEMP_COPY'])"],
+    proc = subprocess.run([sys.executable, "-c", "import os, gluon_gpu; gluon_gpu.parse_devices('cpu*2'); "
+                           "print(os.environ['MXNET_CPU_TEMP_COPY'])"],
                           capture_output=True, text=True, timeout=120, env={**env, "PYTHONPATH": REPO})
     assert proc.stdout.strip() == expected, proc.stderr

@@ -166,7 +166,7 @@ def test_modes(monkeypatch):
     assert not fused_conv.use_fused("auto", [mx.gpu(0)])  # no GPU kernels: standard layers
     with pytest.raises(UserError, match="needs CPU devices"):
         fused_conv.use_fused("on", [mx.gpu(0)])
-    with pytest.raises(UserError, match="unknown --fused-conv"):
+    with pytest.raises(UserError, match="unknown `fused_conv`"):
         fused_conv.use_fused("fast", cpu)
     assert fused_conv.is_fused(init_model("lenet", 0, cpu[:1], members=2, layout="fused"))  # groups=K
     assert not fused_conv.is_fused(init_model("lenet", 0, cpu[:1], members=2, fused_conv="off", layout="fused"))
@@ -187,7 +187,7 @@ def test_without_a_compiler_auto_warns_once_and_on_fails_in_one_line(monkeypatch
     assert not fused_conv.use_fused("auto", [mx.cpu()])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no C++ compiler 'no-such-compiler'" in err[0] and "standard layers" in err[0]
-    with pytest.raises(UserError, match="^--fused-conv on: no C\\+\\+ compiler"):
+    with pytest.raises(UserError, match="^`fused_conv` on: no C\\+\\+ compiler"):
         fused_conv.use_fused("on", [mx.cpu()])
 
 

@@ -187,8 +187,8 @@ def test_nccl_on_gpus_needs_an_nccl_build():
 
 @pytest.mark.parametrize("dtype,amp,ctx,message", [
     ("float16", False, [mx.cpu(0)], "float16 training needs GPU devices"),
-    ("float32", True, [mx.cpu(0), mx.cpu(1)], "--amp (float16 mixed precision) needs GPU devices"),
-    ("bfloat16", False, [mx.gpu(0)], "on GPUs use --amp"),
+    ("float32", True, [mx.cpu(0), mx.cpu(1)], "`amp` (float16 mixed precision) needs GPU devices"),
+    ("bfloat16", False, [mx.gpu(0)], "on GPUs use `amp`"),
     ("bfloat16", True, [mx.cpu(0)], "pass one of them"),
     ("int8", False, [mx.cpu(0)], "unknown dtype"),
 ])

@@ -170,7 +170,7 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
 
 def test_ctrl_c_inside_the_first_checkpoint_leaves_a_run_that_starts_afresh(tmp_path, runs):
     out = str(tmp_path / "run")
-    proc = start(SMALL + ["--epochs", "4", "--out", out], {"GLUON_GPU_CHECKPOINT_PAUSE": "60"})
+    proc = start(SMALL + ["--epochs", "4", "--out", out], pause=60)
     wait_for(lambda: checkpoint_names(out, hidden=True))  # inside the step-0 write
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

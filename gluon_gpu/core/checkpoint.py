@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 
 from .errors import ParamsError
 from .files import fsync_path, umask_mode, write_guard
@@ -20,7 +19,6 @@ from .optimizer_state import has_optimizer_state, load_optimizer_state, paramete
 from .params import assign_parameters, read_parameter_file, save_parameters
 
 CHECKPOINTS = "checkpoints"
-_PAUSE_ENV = "GLUON_GPU_CHECKPOINT_PAUSE"  # fault-injection tests: seconds to sleep mid-write
 
 
 def save_checkpoint(run_dir, dp, state, keep=3):
@@ -48,10 +46,7 @@ def save_checkpoint(run_dir, dp, state, keep=3):
 
 def _write_checkpoint(tmp, dp, state):
     os.chmod(tmp, umask_mode(0o777))
-    pause = float(os.environ.get(_PAUSE_ENV, 0))
     save_parameters(dp.net, os.path.join(tmp, "net.params"))
-    if pause:
-        time.sleep(pause)
     with semantics(dp.is_np):
         save_optimizer_state(dp.trainer, tmp, parameter_keys(dp.trainer, dp.net))
     with open(os.path.join(tmp, "state.json"), "w") as f:

@@ -34,7 +34,9 @@ def gpu_count():
 
 
 def parse_devices(spec="all"):
-    """Turn a device spec into a non-empty list of ``mx.Context``; raise DeviceError."""
+    """Turn a device spec into a non-empty list of ``mx.Context``; raise DeviceError.
+    Sets the CPU pools' sizes if not set (:func:`use_cpu_pools`)."""
+    use_cpu_pools()
     text = str(spec).strip().lower()
     if text == "all":
         n = gpu_count()
@@ -66,7 +68,7 @@ def parse_devices(spec="all"):
     n = int(count) if count is not None else available
     if available == 0:
         raise DeviceError(f"device spec {spec!r} asks for GPUs but this machine has none "
-                          "(or MXNet is the CPU wheel); use --devices cpu")
+                          "(or MXNet is the CPU wheel); use `devices` cpu")
     if n > available:
         raise DeviceError(f"device spec {spec!r} asks for {n} GPUs: this machine has {_gpus(available)}")
     return [mx.gpu(i) for i in range(n)]
@@ -94,16 +96,22 @@ def describe(ctx):
 # pool of MXNET_CPU_TEMP_COPY buffers, 4 by default, and operators holding the same buffer
 # run one after the other. So with the default, cpu(0) and cpu(1) mostly took turns:
 # a LeNet step on cpu*2 took 20 ms, as long as on one context; with 64 it takes 12.5 ms
-# (both cores busy). The pool is built at the first operator that needs scratch, so setting
-# the variable at import works unless the process ran such an operator before importing
-# gluon_gpu. A value the user set is kept.
-os.environ.setdefault("MXNET_CPU_TEMP_COPY", "64")
-# The same holds for the pool of random-number states (MXNET_CPU_PARALLEL_RAND_COPY,
-# default 1), which MXNet hands to every operator loaded from an extension library, the
-# fused conv operator (fused_conv.py) among them: with one copy, cpu(0)'s and cpu(1)'s
-# fused operators ran in turn (cpu*2 step 8.3 ms; 5.3 ms with 8). Each copy holds ~5 MiB
-# of generator states, so 8, not 64 (64 cost 270 MiB more resident memory than 8).
-os.environ.setdefault("MXNET_CPU_PARALLEL_RAND_COPY", "8")
+# (both cores busy). The same holds for the pool of random-number states
+# (MXNET_CPU_PARALLEL_RAND_COPY, default 1), which MXNet hands to every operator loaded
+# from an extension library, the fused conv operator (fused_conv.py) among them: with one
+# copy, cpu(0)'s and cpu(1)'s fused operators ran in turn (cpu*2 step 8.3 ms; 5.3 ms with
+# 8). Each copy holds ~5 MiB of generator states, so 8, not 64 (64 cost 270 MiB more
+# resident memory than 8).
+CPU_POOLS = {"MXNET_CPU_TEMP_COPY": "64", "MXNET_CPU_PARALLEL_RAND_COPY": "8"}
+
+
+def use_cpu_pools():
+    """Give CPU contexts pools of their own size (:data:`CPU_POOLS`) unless the user set
+    them. MXNet builds both pools at the first operator that needs one, so this counts
+    only before that: the programs call it at start (``require_thread_settings``), a
+    library caller through :func:`parse_devices`, the usual first call."""
+    for name, value in CPU_POOLS.items():
+        os.environ.setdefault(name, value)
 
 THREAD_VARIABLES = {"omp_threads": "OMP_NUM_THREADS", "engine_threads": "MXNET_CPU_WORKER_NTHREADS"}
 
@@ -141,6 +149,7 @@ def require_thread_settings(omp_threads=0, engine_threads=0, restart=False, extr
     all). So a command-line program (``restart=True``) re-executes itself, same pid and
     arguments, with the variables set; a library caller gets a UserError saying what to
     set before starting Python."""
+    use_cpu_pools()
     wanted = {THREAD_VARIABLES[name]: str(value) for name, value in
               (("omp_threads", omp_threads), ("engine_threads", engine_threads)) if value}
     wanted.update(extra or {})  # other variables MXNet reads at start (MXNET_CPU_TEMP_COPY)

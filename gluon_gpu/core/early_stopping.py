@@ -16,7 +16,7 @@ class Monitor:
         name = flag.split("-", 1)[1]
         if name != "loss" and name not in metric_names:
             offered = ", ".join("val-" + n for n in ["loss"] + list(metric_names))
-            raise UserError(f"--monitor {flag}: this run reports {offered}")
+            raise UserError(f"`monitor` {flag}: this run reports {offered}")
         self.flag, self.key, self.lower = flag, "val_" + name, name in LOWER_IS_BETTER
 
     def best(self, history):

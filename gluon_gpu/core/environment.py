@@ -5,7 +5,6 @@ hangs (``MXNET_CPU_WORKER_NTHREADS=0``) or fails deep inside its engine
 (``MXNET_ENGINE_TYPE=Bogus``). Imports nothing of MXNet."""
 import os
 import platform
-import sys
 
 from .errors import UserError
 
@@ -13,7 +12,6 @@ THREADS_PER_CORE = 16  # far above any useful setting, far below what the machin
 THREAD_COUNTS = ("OMP_NUM_THREADS", "MXNET_CPU_WORKER_NTHREADS", "MXNET_CPU_PRIORITY_NTHREADS",
                  "MXNET_GPU_WORKER_NTHREADS", "MXNET_GPU_COPY_NTHREADS")
 ENGINES = ("NaiveEngine", "ThreadedEngine", "ThreadedEnginePerDevice")
-SECONDS = ("GLUON_GPU_CHECKPOINT_PAUSE",)  # a fault-injection hook of the tests (checkpoint.py)
 
 
 def usable_cpus():
@@ -59,34 +57,11 @@ def problem(env=None):
     engine = env.get("MXNET_ENGINE_TYPE")
     if engine is not None and engine not in ENGINES:
         return f"MXNET_ENGINE_TYPE={engine!r}: must be one of {', '.join(ENGINES)}"
-    for name in SECONDS:
-        value = env.get(name)
-        try:
-            ok = value is None or float(value) >= 0
-        except ValueError:
-            ok = False
-        if not ok:
-            return f"{name}={value!r}: must be a number of seconds"
     return None
 
 
-def running_a_program(argv=None, orig_argv=None):
-    """Whether this process is one of gluon_gpu's command-line programs (``python -m
-    gluon_gpu.X`` or a ``gluon-gpu-X`` script) rather than a user's code importing it."""
-    argv = sys.argv if argv is None else argv
-    orig = getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv
-    if "-m" in orig and orig.index("-m") + 1 < len(orig):
-        return orig[orig.index("-m") + 1].startswith("gluon_gpu")
-    return os.path.basename(argv[0] if argv else "").startswith("gluon-gpu-")
-
-
 def check():
-    """Raise UserError naming a bad variable; in a gluon_gpu program, print it as one
-    line and exit 2 instead, like every other bad input (no program code runs yet)."""
+    """Raise UserError naming the first bad variable."""
     found = problem()
-    if found is None:
-        return
-    if running_a_program():
-        print(f"gluon_gpu: error: {found}", file=sys.stderr)
-        raise SystemExit(2)
-    raise UserError(found)
+    if found is not None:
+        raise UserError(found)

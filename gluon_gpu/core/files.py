@@ -132,7 +132,7 @@ class RunLock:
                 holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
                 os.close(fd)
                 raise UserError(f"run directory {os.path.dirname(self.path)} is in use by process {holder} "
-                                "(another train or --resume); wait for it or choose another --out") from None
+                                "(another train or `resume`); wait for it or choose another `out`") from None
             if _same_file(fd, self.path):
                 break
             os.close(fd)  # its holder removed it after we opened it: lock the new one

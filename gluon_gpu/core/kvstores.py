@@ -24,7 +24,7 @@ def check_options(ctx, kvstore=None):
             raise UserError("kvstore nccl needs GPU devices (got %s)" % ", ".join(map(str, ctx)))
         if not mx.runtime.Features().is_enabled("NCCL"):
             raise UserError("kvstore nccl needs an MXNet build with NCCL; this one has none "
-                            "(use --kvstore device)")
+                            "(use `kvstore` device)")
     if kvstore is not None and kvstore.startswith("dist"):
         if "DMLC_ROLE" not in os.environ:
             raise UserError(f"kvstore {kvstore} needs the DMLC_* environment of a distributed "
@@ -38,9 +38,9 @@ def check_exchange(ctx, kvstore, placed=False, clip_grad=None, exchange=True):
     check_options(ctx, kvstore)
     distributed = kvstore.startswith("dist")
     if distributed and placed:
-        raise UserError("an ensemble laid out over devices trains in one process: use --ensemble-layout fused "
+        raise UserError("an ensemble laid out over devices trains in one process: use `ensemble_layout` fused "
                         "with a distributed kvstore, or no launcher")
     if clip_grad and kvstore == "dist_async":
-        raise UserError("--clip-grad needs the update on the workers; dist_async updates on the servers")
+        raise UserError("`clip_grad` needs the update on the workers; dist_async updates on the servers")
     if distributed and not exchange:
         raise UserError("exchange=False is for one process: a distributed job always exchanges")

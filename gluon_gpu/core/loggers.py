@@ -77,7 +77,7 @@ class TensorBoard:
             from tensorboardX import SummaryWriter
             self.writer = SummaryWriter(logdir=directory, flush_secs=10)
         except OSError as e:
-            raise UserError(f"--tensorboard: cannot write to {directory}: {e.strerror or e}") from None
+            raise UserError(f"`tensorboard`: cannot write to {directory}: {e.strerror or e}") from None
         self.log_steps = log_steps
 
     def on_log(self, step_record):

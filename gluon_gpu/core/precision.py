@@ -58,7 +58,7 @@ def precision_for(dtype="float32", amp=False, loss_scaling=None):
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if amp and dtype == "bfloat16":
-        raise UserError("--amp is float16 mixed precision for GPUs; bfloat16 (--dtype bfloat16) is mixed "
+        raise UserError("`amp` is float16 mixed precision for GPUs; bfloat16 (`dtype` bfloat16) is mixed "
                         "precision already: pass one of them")
     amp = amp or dtype == "bfloat16"
     dtype = "float16" if amp and dtype == "float32" else dtype
@@ -70,14 +70,14 @@ def check_precision(precision, ctx):
     on_gpu = all(c.device_type == "gpu" for c in ctx)
     on_cpu = all(c.device_type == "cpu" for c in ctx)
     if precision.dtype == "float16" and not on_gpu:
-        what = "--amp (float16 mixed precision)" if precision.amp else "float16 training"
+        what = "`amp` (float16 mixed precision)" if precision.amp else "float16 training"
         raise UserError(f"{what} needs GPU devices: MXNet has no float16 GEMM on CPUs; on CPUs with "
-                        "AVX-512 BF16 use --dtype bfloat16")
+                        "AVX-512 BF16 use `dtype` bfloat16")
     if precision.dtype == "bfloat16":
         if not on_cpu:
-            raise UserError("--dtype bfloat16 runs on CPUs (oneDNN's bfloat16 kernels); on GPUs use --amp")
+            raise UserError("`dtype` bfloat16 runs on CPUs (oneDNN's bfloat16 kernels); on GPUs use `amp`")
         if not cpu_flags() & set(_BF16_CPU_FLAGS):
-            raise UserError("--dtype bfloat16 needs a CPU with AVX-512 BF16 or AMX instructions "
+            raise UserError("`dtype` bfloat16 needs a CPU with AVX-512 BF16 or AMX instructions "
                             "(/proc/cpuinfo lists neither avx512_bf16 nor amx_bf16); train in float32")
 
 

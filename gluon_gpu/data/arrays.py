@@ -53,7 +53,7 @@ def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=No
     if task == "classify":
         if not integer:
             raise DataError(f"task classify needs integer labels; these are {y_train.dtype} "
-                            "(use --task regress for real-valued targets)")
+                            "(use `task` regress for real-valued targets)")
         if y_train.ndim != 1 or y_val.ndim != 1:
             raise DataError("classification labels must be one integer per sample")
         count = len(classes) if classes else int(y_train.max()) + 1  # the classes are the training labels
@@ -110,8 +110,13 @@ def from_gluon(train, val, **kwargs):
     return from_arrays(*arrays(train), *arrays(val), **kwargs)
 
 
-def read_npz(path, task=None):
-    """A :class:`Dataset` from an ``.npz`` holding ``x_train, y_train, x_val, y_val``."""
+def read_npz(path, image_size=None, task=None):
+    """A :class:`Dataset` from an ``.npz`` holding ``x_train, y_train, x_val, y_val``
+    (as they are: no ``image_size``)."""
+    if not path:
+        raise DataError("an npz dataset needs `data_dir` FILE.npz")
+    if image_size:
+        raise DataError("`image_size` applies to image folders, not to an npz")
     try:
         with np.load(path, allow_pickle=False) as f:
             missing = [k for k in ("x_train", "y_train", "x_val", "y_val") if k not in f.files]

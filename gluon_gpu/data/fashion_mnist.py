@@ -12,6 +12,7 @@ import numpy as np
 from mxnet import gluon
 
 from ..core.errors import DataError
+from .arrays import from_arrays
 from .spec import DataSpec
 
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -21,7 +22,7 @@ FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 INSTALL_HINT = ("install Debian's copy with `apt-get install dataset-fashion-mnist` "
-                "or pass --data-dir DIR holding the four IDX .gz files")
+                "or pass `data_dir` DIR holding the four IDX .gz files")
 _IDX_MAGIC = {1: 0x00000801, 3: 0x00000803}  # unsigned byte data, 1 or 3 dimensions
 
 
@@ -89,7 +90,7 @@ def find_data_dir(data_dir=None, split="train", download=True):
     """
     if data_dir:
         if not _has_split(data_dir, split):
-            raise DataError(f"--data-dir {data_dir} does not hold the FashionMNIST {split} files "
+            raise DataError(f"`data_dir` {data_dir} does not hold the FashionMNIST {split} files "
                             f"({', '.join(n + '.gz' for n in FILES[split])})")
         return data_dir
     candidates = [os.environ.get("GLUON_GPU_DATA"), mxnet_cache_dir(), DEBIAN_DIR]
@@ -114,6 +115,17 @@ def load_split(split, data_dir=None, limit=None, download=True):
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
     return images, labels.astype(np.int32)
+
+
+def read_fashion_mnist(data_dir=None, image_size=None, task=None):
+    """FashionMNIST's training and test splits as a Dataset (the test split validates)."""
+    if image_size or task not in (None, "classify"):
+        raise DataError("FashionMNIST is 28x28 classification: no `image_size`, no `task` regress")
+    train_dir = find_data_dir(data_dir, "train")
+    train_x, train_y = load_split("train", train_dir)
+    val_x, val_y = load_split("test", find_data_dir(data_dir, "test"))
+    return from_arrays(train_x, train_y, val_x, val_y, task="classify", classes=CLASSES,
+                       mean=[MEAN], std=[STD], dataset="fashion-mnist", source=train_dir)
 
 
 def fashion_spec(source=""):

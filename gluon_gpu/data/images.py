@@ -20,7 +20,7 @@ def parse_image_size(text):
     except ValueError:
         sides = []
     if len(sides) not in (1, 2) or min(sides) < MIN_SIDE:
-        raise DataError(f"--image-size {text!r}: expected H or H,W, each at least {MIN_SIDE}")
+        raise DataError(f"`image_size` {text!r}: expected H or H,W, each at least {MIN_SIDE}")
     return (sides[0], sides[-1])
 
 
@@ -108,9 +108,11 @@ def read_folder(root, image_size=None, task=None):
     Colour if any image is (grayscale ones are converted), else one channel. Without
     ``image_size`` every image must have the same size."""
     if task not in (None, "classify"):
-        raise DataError("an image folder is a classification dataset: --task classify")
+        raise DataError("an image folder is a classification dataset: `task` classify")
+    if not root:
+        raise DataError("an image folder needs `data_dir` DIR (DIR/train/<class>/*, DIR/val/<class>/*)")
     if not os.path.isdir(root):
-        raise DataError(f"--data-dir {root} is not a directory")
+        raise DataError(f"`data_dir` {root} is not a directory")
     train, classes, skipped, headers = _scan(os.path.join(root, "train"))
     val, _, skipped_val, headers_val = _scan(os.path.join(root, "val"), classes)
     headers.update(headers_val)
@@ -122,7 +124,7 @@ def read_folder(root, image_size=None, task=None):
         if len(sizes) > 1:
             (a, pa), (b, pb) = list(sizes.items())[:2]
             raise DataError(f"images differ in size ({a[1]}x{a[0]} {pa}, {b[1]}x{b[0]} {pb}): "
-                            "pass --image-size H[,W] to resize them")
+                            "pass `image_size` H[,W] to resize them")
         size = next(iter(sizes))
     channels = 1 if all(mode in GRAY_MODES for _, mode in headers.values()) else 3
     skipped += skipped_val

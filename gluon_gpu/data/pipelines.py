@@ -135,9 +135,9 @@ def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, 
     """The ``kind`` pipeline over arrays ``inputs`` and ``targets``."""
     if kind == "loader":
         if members > 1:
-            raise UserError("--ensemble needs --pipeline device")
+            raise UserError("`ensemble` needs `pipeline` device")
         if shard[1] > 1:
-            raise UserError("a distributed kvstore needs --pipeline device")
+            raise UserError("a distributed kvstore needs `pipeline` device")
         dataset = gluon.data.ArrayDataset(inputs, targets.astype(np.float32))
         return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers)
     return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard, member_groups, in_turns)

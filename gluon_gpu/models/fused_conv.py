@@ -125,19 +125,19 @@ def use_fused(mode, ctx):
     every context is a CPU and the operator builds here; otherwise the standard layers
     (with a one-line warning, once, if the operator failed to build)."""
     if mode not in MODES:
-        raise UserError(f"unknown --fused-conv {mode!r}: choose one of {', '.join(MODES)}")
+        raise UserError(f"unknown `fused_conv` {mode!r}: choose one of {', '.join(MODES)}")
     if mode == "off":
         return False
     if any(c.device_type != "cpu" for c in ctx):
         if mode == "on":
-            raise UserError("--fused-conv on needs CPU devices: the fused operator has no GPU kernels")
+            raise UserError("`fused_conv` on needs CPU devices: the fused operator has no GPU kernels")
         return False
     try:
         load()
         return True
     except FusedConvUnavailable as e:
         if mode == "on":
-            raise UserError(f"--fused-conv on: {e}") from None
+            raise UserError(f"`fused_conv` on: {e}") from None
         if not _state["warned"]:
             print(f"gluon_gpu: warning: fused conv operator unavailable ({e}); using the standard layers",
                   file=sys.stderr)
@@ -157,7 +157,7 @@ class ConvReluPool(nn.HybridBlock):
     the block runs the standard operators instead."""
 
     cpu_only = ("this LeNet uses the fused conv operator, which has CPU kernels only: "
-                "build it with fused=False (--fused-conv off) for GPUs")
+                "build it with fused=False (`fused_conv` off) for GPUs")
 
     def __init__(self, channels, kernel, in_channels, groups=1, data_grad=True, **kwargs):
         super().__init__(**kwargs)

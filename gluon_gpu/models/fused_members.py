@@ -70,7 +70,7 @@ class FusedMembers(gluon.HybridBlock):
         net = make_net()
         why = unfusable_layer(net)
         if why:
-            raise UserError(f"--ensemble-layout fused: your network cannot be fused: {why}")
+            raise UserError(f"`ensemble_layout` fused: your network cannot be fused: {why}")
         replace_blocks(net, lambda b: type(b) in _FUSABLE, lambda b: _widened(b, members))
         self.net = net  # registered as the child "net"
 
@@ -150,8 +150,8 @@ def fuse(nets, make_net, ctx, input_shape):
     return fused
 
 
-_MIXES = ("--ensemble-layout fused: the fused network does not compute what its members compute: its forward "
-          "mixes the members' channels (a concat, reshape or shuffle over channels); use --ensemble-layout "
+_MIXES = ("`ensemble_layout` fused: the fused network does not compute what its members compute: its forward "
+          "mixes the members' channels (a concat, reshape or shuffle over channels); use `ensemble_layout` "
           "devices, separate or sequential")
 
 

@@ -41,7 +41,7 @@ def fused_for(name, ctx, fused_conv="auto"):
     from .fused_conv import use_fused
     if name != "lenet":
         if fused_conv == "on":
-            raise UserError(f"--fused-conv on applies to lenet only, not {name}")
+            raise UserError(f"`fused_conv` on applies to lenet only, not {name}")
         return False
     return use_fused(fused_conv, ctx)
 
@@ -115,7 +115,7 @@ def ensemble_layout(layout, model, ctx, engine_threads=0):
     layer by layer (LeNet's in ensemble.py, any other's in fused_members.py); a network
     with a layer of a kind it has no fused form of is refused naming that layer."""
     if layout not in LAYOUTS:
-        raise UserError(f"unknown --ensemble-layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+        raise UserError(f"unknown `ensemble_layout` {layout!r}: choose one of {', '.join(LAYOUTS)}")
     if layout == "auto":
         if len(ctx) > 1:
             return "devices"
@@ -126,8 +126,8 @@ def ensemble_layout(layout, model, ctx, engine_threads=0):
         why = unfusable_layer(member_factory(model, (1, 28, 28), 10)())
         if why:
             name = model if isinstance(model, str) else "your network"
-            raise UserError(f"--ensemble-layout fused: {name} cannot be fused: {why}; the fused layout takes "
-                            "convolutions, BatchNorm and Dense layers: use --ensemble-layout devices, separate "
+            raise UserError(f"`ensemble_layout` fused: {name} cannot be fused: {why}; the fused layout takes "
+                            "convolutions, BatchNorm and Dense layers: use `ensemble_layout` devices, separate "
                             "or sequential")
     return layout
 

@@ -25,7 +25,7 @@ def params_in(path):
         if os.path.isfile(os.path.join(path, name)):
             return os.path.join(path, name)
     raise ParamsError(f"{path} is a folder without best.params or net.params: not a finished run "
-                      "(a stopped one continues with --resume)")
+                      "(a stopped one continues with `resume`)")
 
 
 def recorded_run(params_path):

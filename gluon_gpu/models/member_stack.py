@@ -32,7 +32,15 @@ from ..core.members import PlacedMembers
 from ..core.modes import legacy, model_is_np, semantics, to_api
 from ..core.walk import leaves
 
-LAYOUTS = ("auto", "devices", "fused", "separate", "sequential")
+# The layouts by name (--ensemble-layout), with what they do (the --help text).
+LAYOUTS = {
+    "auto": "devices on several devices; on one CPU context separate when it has several engine workers, "
+            "as `engine_threads` 0 gives a multi-core CPU, else sequential",
+    "devices": "each device trains its own members",
+    "fused": "one network of grouped convolutions, BatchNorm and batched Dense",
+    "separate": "side by side on the first device, a graph each",
+    "sequential": "on the first device, one member's epoch after another's",
+}
 MAX_RANDOM_STATES = 72  # see ensemble_variables
 
 
@@ -151,10 +159,10 @@ def check_memory(make_net, members, devices, layout, input_shape, batch_size):
     for device, count in loads.items():
         need, free = count * per_member, available_bytes(device)
         if need > free:
-            raise UserError(f"--ensemble {members}: about {need / 2**30:.1f} GiB for {count} members of "
+            raise UserError(f"`ensemble` {members}: about {need / 2**30:.1f} GiB for {count} members of "
                             f"{per_member / 2**20:.0f} MiB (parameters, optimizer state, activations of a "
                             f"batch of {batch_size}) on {device}, which has {free / 2**30:.1f} GiB free; "
-                            "train fewer members at once, or a smaller --batch-size")
+                            "train fewer members at once, or a smaller `batch_size`")
 
 
 PipelineLayout = namedtuple("PipelineLayout", "train_ctx member_groups eval_ctx in_turns")

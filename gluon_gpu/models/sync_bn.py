@@ -29,7 +29,7 @@ def sync_bn_variables(engine_threads):
     """The variables a --sync-bn run needs set before MXNet starts (``engine_threads``:
     --engine-threads, 0 when not given)."""
     if 0 < engine_threads < MIN_ENGINE_THREADS:
-        raise UserError(f"--sync-bn needs --engine-threads {MIN_ENGINE_THREADS} or more: a SyncBatchNorm waiting "
+        raise UserError(f"`sync_bn` needs `engine_threads` {MIN_ENGINE_THREADS} or more: a SyncBatchNorm waiting "
                         "for the other devices holds an engine worker of its device")
     return {"MXNET_CPU_TEMP_COPY": str(CPU_TEMP_COPIES),
             "MXNET_CPU_WORKER_NTHREADS": str(max(engine_threads, MIN_ENGINE_THREADS))}
@@ -38,8 +38,8 @@ def sync_bn_variables(engine_threads):
 def use_sync_batchnorm(net, num_devices):
     """Replace ``net``'s BatchNorm layers in place; returns how many were replaced."""
     if model_is_np(net):
-        raise UserError("--sync-bn: MXNet 1.9's SyncBatchNorm has no numpy-API (npx.set_np) form; "
-                        "write the model with the legacy API, or train without --sync-bn")
+        raise UserError("`sync_bn`: MXNet 1.9's SyncBatchNorm has no numpy-API (npx.set_np) form; "
+                        "write the model with the legacy API, or train without `sync_bn`")
     return replace_blocks(net, lambda b: isinstance(b, gluon.nn.BatchNorm) and not isinstance(b, SyncBatchNorm),
                           lambda b: _synced(b, num_devices))
 

@@ -1,12 +1,24 @@
 """Networks by name: the tutorial's LeNet, its seed-parallel ensemble, and gluoncv's
 model zoo (CIFAR-style and ImageNet-style classifiers), built for the data's channels
 (their first convolutions infer it) and output width."""
+from collections import namedtuple
+
 from ..core.errors import UserError
 from .blocks import use_mean_pooling
 from .lenet import lenet
 from .mlp import mlp
 
-OWN_MODELS = ("lenet", "mlp")
+ModelKind = namedtuple("ModelKind", "build images_only what")
+ModelKind.__doc__ = """A network of this package: ``build(outputs, channels, fused) -> Block``
+(``fused``: LeNet's fused conv operator, ignored by others), whether it needs images
+(C, H, W) rather than feature vectors, and what it is (for --help)."""
+
+# This package's networks by name (--model): a new one is its module and a line here;
+# any classifier of gluoncv's zoo works without one.
+MODELS = {
+    "lenet": ModelKind(lenet, True, "the tutorial's LeNet"),
+    "mlp": ModelKind(lambda outputs, channels, fused: mlp(outputs), False, "a multilayer perceptron"),
+}
 
 # Named in --help; any other classifier of gluoncv's zoo works too.
 ZOO_EXAMPLES = ("cifar_resnet20_v1", "cifar_resnet56_v1", "cifar_wideresnet16_10", "resnet18_v1",
@@ -22,8 +34,8 @@ def zoo_names():
 
 
 def check_model_name(name):
-    if name not in OWN_MODELS and ALIASES.get(name, name) not in zoo_names():
-        raise UserError(f"unknown model {name!r}: lenet, mlp or a gluoncv zoo classifier such as "
+    if name not in MODELS and ALIASES.get(name, name) not in zoo_names():
+        raise UserError(f"unknown `model` {name!r}: {', '.join(MODELS)} or a gluoncv zoo classifier such as "
                         + ", ".join(ZOO_EXAMPLES))
 
 
@@ -34,14 +46,14 @@ def model_for(name, input_shape):
     if name == "auto":
         return "lenet" if images else "mlp"
     check_model_name(name)
-    if name != "mlp" and not images:
-        raise UserError(f"model {name} needs images (C, H, W); this data has {input_shape[0]} features "
-                        "per sample: use --model mlp")
+    if not images and (name not in MODELS or MODELS[name].images_only):
+        raise UserError(f"`model` {name} needs images (C, H, W); this data has {input_shape[0]} features "
+                        "per sample: use `model` mlp")
     return name
 
 
 def get_model(name="lenet", outputs=10, channels=1, members=1, fused=False):
-    """A fresh, uninitialized network by name: 'lenet' or a gluoncv zoo name; ``members
+    """A fresh, uninitialized network by name (:data:`MODELS` or gluoncv's zoo); ``members
     > 1``: the fused ensemble of that many members (EnsembleLeNet, else FusedMembers).
     ``fused``: LeNet (or its ensemble) with the fused conv operator (other networks ignore it). Zoo networks pool globally with
     a mean (``blocks.use_mean_pooling``)."""
@@ -52,10 +64,8 @@ def get_model(name="lenet", outputs=10, channels=1, members=1, fused=False):
             return FusedMembers(lambda: get_model(name, outputs, channels), members)
         from .fused_lenet import EnsembleLeNet
         return EnsembleLeNet(members, fused, channels, outputs)
-    if name == "lenet":
-        return lenet(outputs, channels, fused)
-    if name == "mlp":
-        return mlp(outputs)
+    if name in MODELS:
+        return MODELS[name].build(outputs, channels, fused)
     from gluoncv import model_zoo
     try:
         net = model_zoo.get_model(ALIASES.get(name, name), classes=outputs)

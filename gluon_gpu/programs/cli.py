@@ -2,6 +2,7 @@
 into one line on stderr with exit status 2."""
 import argparse
 import functools
+import re
 import shlex
 import sys
 
@@ -105,13 +106,19 @@ def command(program, *args):
 
 def check_batch(batch_size, ctx):
     if batch_size < len(ctx):
-        raise UserError(f"--batch-size {batch_size} is smaller than the {len(ctx)} devices: "
+        raise UserError(f"`batch_size` {batch_size} is smaller than the {len(ctx)} devices: "
                         "every device needs at least one sample")
 
 
 def progress_enabled(args):
     """A tqdm bar only for a person watching: stdout is a terminal and no --quiet."""
     return not args.quiet and sys.stdout.isatty()
+
+
+def as_flags(text):
+    """The lower layers name parameters as RunConfig does, in backticks (`data_dir`);
+    a command line shows them as its flags (--data-dir)."""
+    return re.sub(r"`([a-z][a-z0-9_]*)`", lambda m: "--" + m[1].replace("_", "-"), text)
 
 
 def main_guard(prog):
@@ -126,7 +133,7 @@ def main_guard(prog):
             except SystemExit as e:  # argparse: --help, or a bad flag already reported
                 return e.code
             except UserError as e:
-                print(f"{prog}: error: {e}", file=sys.stderr)
+                print(f"{prog}: error: {as_flags(str(e))}", file=sys.stderr)
                 return 2
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)

@@ -13,12 +13,18 @@ from ..core.precision import DTYPES
 from ..data import DATASETS, PIPELINES
 from ..models.fused_conv import MODES
 from ..models.member_stack import LAYOUTS
-from .cli import non_negative_float, non_negative_int, positive_float, positive_int, seed
+from ..models.zoo import MODELS, ZOO_EXAMPLES
+from .cli import as_flags, non_negative_float, non_negative_int, positive_float, positive_int, seed
 
 OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
 EPOCH_SHAPED_LR = ("cosine", "poly", "linear")  # laid out over --epochs
 MONITORS = ("auto", "val-loss", "val-acc", "val-top5", "val-mse", "val-mae")
+
+
+def _choices_help(described):
+    """'name (what it is), ...' of a registry's {name: what}."""
+    return as_flags(", ".join(f"{name} ({what})" for name, what in described.items()))
 
 
 def _flag(default, help, resumable=False, **argparse_kwargs):  # pylint: disable=redefined-builtin
@@ -44,9 +50,9 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                              True, type=non_negative_float)
     num_workers: int = _flag(4, "DataLoader workers (--pipeline loader)", True, type=non_negative_int)
     # the data
-    dataset: str = _flag("fashion-mnist", "fashion-mnist, folder (an image folder: --data-dir DIR with "
-                         "train/<class>/ and val/<class>/), npz (--data-dir FILE.npz with x_train, y_train, "
-                         "x_val, y_val)", choices=DATASETS)
+    dataset: str = _flag("fashion-mnist", "; ".join(f"{name}: --data-dir is {kind.what}"
+                                                    for name, kind in DATASETS.items()),
+                         choices=tuple(DATASETS))
     data_dir: Optional[str] = _flag(None, "FashionMNIST's IDX files (default: $GLUON_GPU_DATA, the MXNet "
                                     "cache, Debian's dataset-fashion-mnist), the image folder, or the .npz", True)
     image_size: Optional[str] = _flag(None, "--dataset folder: resize images to H or H,W", metavar="H[,W]")
@@ -57,17 +63,13 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     pipeline: str = _flag("device", "device: data on the devices, batches by index; loader: Gluon "
                           "DataLoader", choices=PIPELINES)
     # the model and its training
-    model: str = _flag("auto", "auto (lenet for images, mlp for feature vectors), lenet, mlp, or a gluoncv "
-                       "zoo classifier (cifar_resnet20_v1, resnet18_v1, mobilenet_v2_1.0, ...)")
+    model: str = _flag("auto", "auto (lenet for images, mlp for feature vectors), "
+                       + ", ".join(f"{name} ({kind.what})" for name, kind in MODELS.items())
+                       + ", or a gluoncv zoo classifier (" + ", ".join(ZOO_EXAMPLES[:3]) + ", ...)")
     ensemble: int = _flag(1, "train K independent copies of the model at once (seed-parallel); member k "
                           "is the model --seed seed+k trains alone", type=positive_int, metavar="K")
-    ensemble_layout: str = _flag("auto", "how the members share the devices: devices (each device trains "
-                                 "its own members), sequential (on the first device, one member's epoch "
-                                 "after another's), separate (side by side on the first device, a graph each), fused "
-                                 "(one network of grouped convolutions, BatchNorm and batched Dense); "
-                                 "auto: devices on several devices; on one CPU context separate when it has "
-                                 "several engine workers (as --engine-threads 0 gives it on a multi-core CPU), "
-                                 "else sequential", choices=LAYOUTS)
+    ensemble_layout: str = _flag("auto", "how the members share the devices: " + _choices_help(LAYOUTS),
+                                 choices=tuple(LAYOUTS))
     epochs: int = _flag(10, "epochs to train to", True, type=positive_int)
     batch_size: int = _flag(256, "global batch size, split over the devices", type=positive_int)
     lr: float = _flag(0.1, "base learning rate", type=positive_float)

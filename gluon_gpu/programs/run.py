@@ -42,10 +42,10 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     if model is None and config.model != "auto":
         check_model_name(config.model)
     if config.sync_bn and config.ensemble > 1 and config.ensemble_layout != "fused":
-        raise UserError(f"--sync-bn: with --ensemble-layout {config.ensemble_layout} every member trains on whole "
-                        "batches on one device, so its BatchNorm has nothing to synchronize; leave --sync-bn out")
+        raise UserError(f"`sync_bn`: with `ensemble_layout` {config.ensemble_layout} every member trains on whole "
+                        "batches on one device, so its BatchNorm has nothing to synchronize; leave `sync_bn` out")
     if config.seed + config.ensemble - 1 > MAX_SEED:
-        raise UserError(f"--seed {config.seed} with --ensemble {config.ensemble}: member seeds pass {MAX_SEED}")
+        raise UserError(f"`seed` {config.seed} with `ensemble` {config.ensemble}: member seeds pass {MAX_SEED}")
     data = data or load_dataset(config.dataset, config.data_dir, config.image_size, config.task, config.limit,
                                 config.val_limit)
     spec = data.spec
@@ -76,9 +76,9 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                       accumulate=config.accumulate, clip_grad=config.clip_grad)
     warnings = []
     if config.sync_bn and not synced:
-        warnings.append(f"--sync-bn: {config.model} has no BatchNorm layer; nothing to synchronize")
+        warnings.append(f"`sync_bn`: {config.model} has no BatchNorm layer; nothing to synchronize")
     if config.batch_size * shard[1] > len(data.train_y):
-        warnings.append(f"--batch-size {config.batch_size * shard[1]} is larger than the {len(data.train_y)} "
+        warnings.append(f"`batch_size` {config.batch_size * shard[1]} is larger than the {len(data.train_y)} "
                         f"training samples: every epoch is one update of {len(data.train_y)} samples")
     return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
                tuple(warnings))
@@ -89,17 +89,17 @@ def _check_sync_bn_batches(samples, global_batch, devices):
     give each device a sample would wait forever."""
     last = samples % global_batch
     if 0 < last < devices:
-        raise UserError(f"--sync-bn: the last batch of each epoch would hold {last} sample(s) for {devices} "
-                        "devices, and SyncBatchNorm needs a sample on every device; change --batch-size or --limit")
+        raise UserError(f"`sync_bn`: the last batch of each epoch would hold {last} sample(s) for {devices} "
+                        "devices, and SyncBatchNorm needs a sample on every device; change `batch_size` or `limit`")
 
 
 def optimizer_params(config, iters_per_epoch):
-    """The optimizer's parameters; ``iters_per_epoch`` counts updates (batches / --accumulate)."""
+    """The optimizer's parameters; ``iters_per_epoch`` counts updates (batches / ``accumulate``)."""
     params = {"wd": config.wd}
     if config.optimizer in ("sgd", "nag"):
         params["momentum"] = config.momentum
     elif config.momentum:
-        raise UserError(f"--momentum applies to sgd and nag, not {config.optimizer}")
+        raise UserError(f"`momentum` applies to sgd and nag, not {config.optimizer}")
     scheduler = lr_scheduler(config, iters_per_epoch)
     # A schedule holds the rate itself: given a learning_rate as well, MXNet prints a
     # warning on every run whose schedule starts elsewhere (warmup from --warmup-lr).
@@ -108,20 +108,20 @@ def optimizer_params(config, iters_per_epoch):
 
 
 def lr_scheduler(config, iters_per_epoch):
-    """gluoncv's schedulers, stepped per update: ``--warmup-epochs`` of linear warmup from
+    """gluoncv's schedulers, stepped per update: ``warmup_epochs`` of linear warmup from
     ``--warmup-lr`` (reaching ``--lr`` at its last update), then ``--lr-mode`` over the
     remaining epochs (step decays at the absolute ``--lr-decay-epoch``), as GluonCV's
     training scripts compose them with ``LRSequential``. None: a constant rate."""
     warmup = config.warmup_epochs
     if warmup and warmup >= config.epochs:
-        raise UserError(f"--warmup-epochs {warmup} leaves no epoch of training after it (--epochs {config.epochs})")
+        raise UserError(f"`warmup_epochs` {warmup} leaves no epoch of training after it (`epochs` {config.epochs})")
     if warmup and warmup * iters_per_epoch < 2:
-        raise UserError(f"--warmup-epochs {warmup} is {warmup * iters_per_epoch} update: warmup needs 2 or more")
+        raise UserError(f"`warmup_epochs` {warmup} is {warmup * iters_per_epoch} update: warmup needs 2 or more")
     if config.lr_mode == "constant" and not warmup:
         return None
     from gluoncv.utils import LRScheduler, LRSequential
     if (config.epochs - warmup) * iters_per_epoch < 2:
-        raise UserError(f"--lr-mode {config.lr_mode} needs at least 2 updates (epochs x batches)")
+        raise UserError(f"`lr_mode` {config.lr_mode} needs at least 2 updates (epochs x batches)")
     steps = _epochs_list(config.lr_decay_epoch) if config.lr_mode == "step" else None
     # gluoncv clamps the update count to its last iteration, niters - 1, but MXNet
     # counts updates from 1: the last step of a run ending at a decay epoch missed the
@@ -142,7 +142,7 @@ def _epochs_list(text):
     try:
         epochs = [int(e) for e in text.split(",") if e.strip()]
     except ValueError:
-        raise UserError(f"--lr-decay-epoch {text!r}: expected comma-separated epochs like 6,8") from None
+        raise UserError(f"`lr_decay_epoch` {text!r}: expected comma-separated epochs like 6,8") from None
     if not epochs:
-        raise UserError("--lr-mode step needs --lr-decay-epoch, e.g. 6,8")
+        raise UserError("`lr_mode` step needs `lr_decay_epoch`, e.g. 6,8")
     return epochs

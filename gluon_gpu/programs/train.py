@@ -22,7 +22,7 @@ from ..models.fused_conv import is_fused
 from ..models.init import ensemble_engine_workers
 from ..models.member_stack import ensemble_variables
 from ..models.sync_bn import sync_bn_variables
-from .cli import Parser, command, main_guard, parse_args, progress_enabled
+from .cli import Parser, as_flags, command, main_guard, parse_args, progress_enabled
 from .config import RunConfig, add_flags
 from .launch import RESTART_ENV
 from .plan import plan_line
@@ -120,7 +120,7 @@ def main(argv=None):
             shown = [plan_line(config, run, ctx, out, args.dry_run)]
             print(shown[0], flush=True)
             for warning in run.warnings:
-                shown.append(f"gluon_gpu.train: warning: {warning}")
+                shown.append(f"gluon_gpu.train: warning: {as_flags(warning)}")
                 print(shown[-1], file=sys.stderr, flush=True)
         if args.dry_run:
             return 0

@@ -1,0 +1,26 @@
+"""The programs' entry (``python -m gluon_gpu.<program>``, ``gluon-gpu-<program>``):
+the environment variables MXNet reads at start are checked before MXNet is imported
+(on a bad one MXNet aborts, crashes or hangs: core/environment.py), and a Ctrl-C while
+it is imported is one line, as later."""
+import importlib
+import sys
+
+from .core import environment  # imports no MXNet
+
+
+def program(name):
+    """The ``main(argv=None) -> exit status`` of ``programs/<name>.py``, imported on its
+    first call."""
+    def main(argv=None):
+        found = environment.problem()
+        if found:
+            print(f"gluon_gpu: error: {found}", file=sys.stderr)
+            return 2
+        try:
+            module = importlib.import_module(f"{__package__}.programs.{name}")
+        except KeyboardInterrupt:
+            print(f"gluon_gpu.{name}: interrupted", file=sys.stderr)
+            return 130
+        return module.main(argv)
+    main.__name__ = main.__qualname__ = f"{name}_main"
+    return main
