@@ -242,8 +242,11 @@ def test_predict_refuses_a_decompression_bomb_from_its_header(run_dir, tmp_path,
     ("MXNET_CPU_WORKER_NTHREADS", "0"),  # hangs forever
     ("MXNET_CPU_WORKER_NTHREADS", "-2"),
     ("MXNET_ENGINE_TYPE", "Bogus"),  # a traceback from the engine
+    ("MXNET_CPU_TEMP_COPY", "0"),  # SIGFPE at the first operator, nothing printed
+    ("MXNET_CPU_TEMP_COPY", "abc"),  # MXNetError "Invalid Parameter format"
+    ("MXNET_CPU_PARALLEL_RAND_COPY", "0"),  # SIGFPE
 ])
-@pytest.mark.parametrize("program", ["train", "evaluate", "predict", "bench"])
+@pytest.mark.parametrize("program", ["train", "evaluate", "predict", "bench", "launch"])
 def test_bad_environment_variables_are_one_line_before_mxnet_starts(variable, value, program):
     import subprocess
     import sys
@@ -253,6 +256,16 @@ def test_bad_environment_variables_are_one_line_before_mxnet_starts(variable, va
     assert done.returncode == 2 and done.stdout == ""
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"gluon_gpu: error: {variable}={value!r}: must be"), lines
+
+
+def test_every_whole_number_variable_is_checked_at_its_bounds():
+    from gluon_gpu.core import environment
+    for name, (low, high, _) in environment.whole_numbers().items():
+        for good in (low, high):
+            assert environment.problem({name: str(good)}) is None, name
+        for bad in ([str(low - 1)] if low > 0 else []) + [str(high + 1), "abc", "", "2,1", "1.5"]:
+            found = environment.problem({name: bad})
+            assert found.startswith(f"{name}={bad!r}: must be a whole number from {low} to {high}"), (name, bad)
 
 
 def test_a_library_user_gets_the_same_reason_as_an_exception():
@@ -286,3 +299,37 @@ def test_importing_gluon_gpu_writes_no_variable_starts_no_mxnet_and_never_exits(
     assert done.stdout.splitlines() == ["False True", "UserError: OMP_NUM_THREADS='abc': must be a whole number "
                                         f"from 1 to {16 * len(os.sched_getaffinity(0))} (16 per core)"]
 
+
+
+# -- numeric flags at the bounds their consumers accept ------------------------------------
+def _float_flags():
+    from dataclasses import fields
+    from gluon_gpu.programs import cli
+    from gluon_gpu.programs.config import RunConfig, flag_name
+    kinds = (cli.positive_float, cli.non_negative_float, cli.below_one)
+    return [(flag_name(f.name), f.metadata["type"]) for f in fields(RunConfig) if f.metadata.get("type") in kinds]
+
+
+def test_every_float_flag_stops_where_mxnet_s_float32_parameters_stop(capsys):
+    """MXNet parses operator parameters (the optimizer's lr, wd, momentum, the clip norm)
+    as float32: the largest float32 updates, 1e39 is an MXNetError; so the flags take the
+    one and refuse the other (a momentum stops below 1)."""
+    from gluon_gpu.programs import cli
+    from gluon_gpu.programs.train import build_parser
+    flags = _float_flags()
+    assert {"--lr", "--wd", "--momentum", "--warmup-lr", "--clip-grad", "--lr-decay"} <= {f for f, _ in flags}
+    opt = mx.optimizer.SGD(learning_rate=cli.FLOAT32_MAX, wd=cli.FLOAT32_MAX, momentum=0.99)
+    weight = mx.nd.ones(3)
+    opt.update(0, weight, mx.nd.ones(3), opt.create_state(0, weight))
+    weight.wait_to_read()  # the consumer takes the largest float32
+    with pytest.raises(mx.base.MXNetError):
+        mx.optimizer.SGD(learning_rate=1e39).update(0, weight, mx.nd.ones(3), None)
+    for flag, kind in flags:
+        top = "0.999" if kind is cli.below_one else repr(cli.FLOAT32_MAX)
+        assert getattr(build_parser().parse_args([flag, top]), flag[2:].replace("-", "_")) == float(top)
+        for bad in ("1e39", "inf", "nan", "-1") + (("1", "5") if kind is cli.below_one else ()):
+            with pytest.raises(SystemExit) as e:
+                build_parser().parse_args([flag, bad])
+            assert e.value.code == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith(f"gluon_gpu.train: error: argument {flag}: must be"), err

@@ -176,3 +176,62 @@ def test_device_pipeline_shards_live_on_their_devices(train_slice):
     assert shapes == [[128, 128], [22, 22]]
     xs, _ = next(pipe.epoch(0))
     assert [s.context for s in xs] == ctx and xs[0].dtype == np.uint8
+
+
+# -- every pixel format Pillow opens, in the range the model expects -------------------------
+RAMP = np.linspace(0, 1, 16 * 16).reshape(16, 16)  # black to white
+
+
+def _write(path, array, mode=None):
+    from PIL import Image
+    image = Image.fromarray(array) if mode is None else Image.fromarray(array).convert(mode)
+    image.save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("name, make", [
+    ("gray8.png", lambda: (RAMP * 255).round().astype(np.uint8)),
+    ("gray16.png", lambda: (RAMP * 65535).round().astype(np.uint16)),  # Pillow: mode I;16
+    ("int32.tiff", lambda: (RAMP * 65535).round().astype(np.int32)),  # mode I, 16-bit values
+    ("float.tiff", lambda: RAMP.astype(np.float32)),  # mode F, white at 1.0
+    ("rgb8.png", lambda: np.repeat((RAMP * 255).round().astype(np.uint8)[..., None], 3, axis=2)),
+])
+def test_every_pixel_format_decodes_to_the_same_8_bit_ramp(tmp_path, name, make):
+    """A 16-bit or float image is scaled to 0..255, never clipped: a dark 16-bit image
+    stays dark (Pillow's convert('L') made every 16-bit value above 255 white)."""
+    from gluon_gpu.data.images import decode
+    path = _write(tmp_path / name, make())
+    expected = (RAMP * 255).round()
+    for channels in (1, 3):
+        pixels = decode(path, channels)
+        assert pixels.dtype == np.uint8 and pixels.shape == (channels, 16, 16)
+        assert np.abs(pixels.astype(float) - expected).max() <= 1, name
+    dark = make()
+    dark = (dark // 8) if dark.dtype != np.float32 else dark / 8  # an eighth of the range
+    assert decode(_write(tmp_path / ("dark-" + name), dark.astype(make().dtype)), 1).max() <= 33
+
+
+@pytest.mark.parametrize("array, mode, span", [
+    (np.full((16, 16), 70000, np.int32), "I", "70000..70000"),  # beyond 16 bits: no white point
+    (np.full((16, 16), -1, np.int32), "I", "-1..-1"),
+    (np.full((16, 16), 2.0, np.float32), "F", "2..2"),
+    (np.full((16, 16), np.nan, np.float32), "F", "nan..nan"),
+])
+def test_pixels_that_cannot_be_scaled_are_refused_naming_the_mode(tmp_path, array, mode, span):
+    from gluon_gpu.data.images import decode
+    path = _write(tmp_path / "x.tiff", array)
+    with pytest.raises(DataError, match=f"mode {mode} pixels span {span}, outside the 0..") as e:
+        decode(path, 1)
+    assert str(e.value).startswith(path)
+
+
+@pytest.mark.parametrize("y_train, message", [
+    (np.array(["cat"] * 8), "y_train is <U3, not numbers"),
+    (np.array(3), "y_train is a single value"),
+    (np.array([0] * 7 + [10 ** 9]), "y_train's largest label is 1000000000"),
+])
+def test_labels_are_checked_where_they_are_read(y_train, message):
+    from gluon_gpu.data import from_arrays
+    x = np.zeros((8, 4), np.float32)
+    with pytest.raises(DataError, match=message):
+        from_arrays(x, y_train, x, np.zeros(8, np.int64))

@@ -154,9 +154,25 @@ def test_local_plan_uses_loopback():
 def test_launcher_usage_errors(tmp_path, capsys):
     assert launch.main(["-n", "2"]) == 2
     assert "no worker command" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        launch.main(["-n", "2", "--hostfile", str(tmp_path / "none"), "--", "true"])
-    assert "cannot read --hostfile" in str(e.value)
+    assert launch.main(["-n", "2", "--hostfile", str(tmp_path / "none"), "--", "true"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"gluon_gpu.launch: error: cannot read --hostfile {tmp_path}/none: "
+                                                    "No such file or directory"]
+    (tmp_path / "empty").write_text("# nobody\n")
+    assert launch.main(["-n", "2", "--hostfile", str(tmp_path / "empty"), "--", "true"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"gluon_gpu.launch: error: --hostfile {tmp_path}/empty lists no host"]
+    assert launch.main(["-n", "2", "--port", "70000", "--", "true"]) == 2
+    assert "--port: must be a TCP port" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_one_line_naming_it(capsys):
+    import socket
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert launch.main(["-n", "1", "--port", str(port), "--", "true"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gluon_gpu.launch: error: --port {port} is in use here"), err
 
 
 def test_dist_kvstore_outside_a_job_is_a_clear_error(tmp_path, capsys, monkeypatch):

@@ -210,6 +210,39 @@ def test_nan_loss_stops_names_the_step_and_keeps_last_good_parameters(tmp_path, 
     assert steps[0] == steps[1] >= 1
 
 
+def test_an_exploding_loss_is_a_divergence_not_a_finish(tmp_path, capsys):
+    """--lr 3: the loss stays finite but reaches thousands (chance is ln 10 = 2.3): the
+    run stops as diverged, keeping the last good parameters (here the initialization)."""
+    out = str(tmp_path / "run")
+    code = train.main(["--out", out, "--devices", "cpu", "--lr", "3", "--epochs", "3", "--limit", "2048",
+                       "--quiet", "--log-interval", "2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "gluon_gpu.train: error: train-loss exploded to " in err, err
+    assert " in epoch 1; kept the parameters of the initialization" in err and "lower --lr" in err
+    assert read_metrics(out)["status"] == "diverged"
+    assert os.path.isfile(os.path.join(out, "net.params"))
+
+
+def test_a_non_finite_validation_figure_is_a_divergence(tmp_path, capsys, monkeypatch):
+    """A NaN validation loss after epoch 2 (a train loss that stayed finite) stops the run
+    as diverged; epoch 1's parameters are kept in net.params."""
+    from gluon_gpu.core import loop
+    validate, calls = loop.validate, []
+
+    def nan_from_the_second(dp, pipeline):
+        calls.append(1)
+        return {**validate(dp, pipeline), **({"val_loss": float("nan")} if len(calls) > 1 else {})}
+    monkeypatch.setattr(loop, "validate", nan_from_the_second)
+    out = str(tmp_path / "run")
+    code = train.main(["--out", out, "--devices", "cpu", "--epochs", "3", "--limit", "1024", "--val-limit", "256",
+                       "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.splitlines() == [err], err
+    assert "error: val-loss became nan in epoch 2; kept the parameters of epoch 1" in err, err
+    metrics = read_metrics(out)
+    assert metrics["status"] == "diverged" and [e["epoch"] for e in metrics["epochs"]] == [1]
+
+
 def test_cli_as_a_real_process_prints_no_traceback(tmp_path):
     """The module entry point, as users run it: exit status 2 and one stderr line."""
     proc = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--devices", "gpu*2",

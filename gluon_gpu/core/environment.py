@@ -2,7 +2,8 @@
 on bad values MXNet 1.9 aborts (``OMP_NUM_THREADS=abc``: an uncaught C++ exception),
 crashes (``OMP_NUM_THREADS=100000``: a segfault when libgomp cannot make the threads),
 hangs (``MXNET_CPU_WORKER_NTHREADS=0``) or fails deep inside its engine
-(``MXNET_ENGINE_TYPE=Bogus``). Imports nothing of MXNet."""
+(``MXNET_ENGINE_TYPE=Bogus``), divides by zero (``MXNET_CPU_TEMP_COPY=0``: SIGFPE) or
+refuses to start (``MXNET_CPU_TEMP_COPY=abc``). Imports nothing of MXNet."""
 import os
 import platform
 
@@ -11,6 +12,11 @@ from .errors import UserError
 THREADS_PER_CORE = 16  # far above any useful setting, far below what the machine cannot make
 THREAD_COUNTS = ("OMP_NUM_THREADS", "MXNET_CPU_WORKER_NTHREADS", "MXNET_CPU_PRIORITY_NTHREADS",
                  "MXNET_GPU_WORKER_NTHREADS", "MXNET_GPU_COPY_NTHREADS")
+# The pools MXNet shares among a device type's contexts (devices.CPU_POOLS): 0 copies is
+# a division by zero (SIGFPE) at the first operator that draws from one.
+POOLS = ("MXNET_CPU_TEMP_COPY", "MXNET_GPU_TEMP_COPY", "MXNET_CPU_PARALLEL_RAND_COPY",
+         "MXNET_GPU_PARALLEL_RAND_COPY")
+MAX_POOL_COPIES = 1024
 ENGINES = ("NaiveEngine", "ThreadedEngine", "ThreadedEnginePerDevice")
 
 
@@ -44,16 +50,23 @@ def cpu_model():
     return _cpuinfo_line(("model name",)) or platform.processor()
 
 
+def whole_numbers():
+    """``{variable: (lowest, highest, why)}`` of the whole numbers MXNet reads at start."""
+    most = THREADS_PER_CORE * usable_cpus()
+    per_core = f" ({THREADS_PER_CORE} per core)"
+    return {**{name: (1, most, per_core) for name in THREAD_COUNTS},
+            "MXNET_KVSTORE_REDUCTION_NTHREADS": (0, most, per_core),
+            **{name: (1, MAX_POOL_COPIES, "") for name in POOLS},
+            "MXNET_KVSTORE_BIGARRAY_BOUND": (1, 2 ** 62, "")}
+
+
 def problem(env=None):
     """The first bad variable as a one-line message, or None."""
     env = os.environ if env is None else env
-    most = THREADS_PER_CORE * usable_cpus()
-    for name in THREAD_COUNTS:
+    for name, (low, high, why) in whole_numbers().items():
         value = env.get(name)
-        if value is None:
-            continue
-        if not (value.strip().isdigit() and 1 <= int(value) <= most):  # MXNet takes no OpenMP list
-            return f"{name}={value!r}: must be a whole number from 1 to {most} ({THREADS_PER_CORE} per core)"
+        if value is not None and not (value.strip().isdigit() and low <= int(value) <= high):  # no OpenMP list
+            return f"{name}={value!r}: must be a whole number from {low} to {high}{why}"
     engine = env.get("MXNET_ENGINE_TYPE")
     if engine is not None and engine not in ENGINES:
         return f"MXNET_ENGINE_TYPE={engine!r}: must be one of {', '.join(ENGINES)}"

@@ -1,5 +1,6 @@
 """The epoch loop: steps, one host sync per log interval, validation, callbacks, and the
 two ways a loop stops early: a NaN/inf loss, or a stop request (Ctrl-C, SIGTERM)."""
+import math
 import time
 
 from tqdm import tqdm
@@ -93,6 +94,18 @@ def validate(dp, val_pipeline):
     return _prefixed("val", dp.evaluate(val_pipeline.epoch(0)))
 
 
+def _diverged(head, figures):
+    """What is wrong with an epoch's ``figures`` (a NaN/inf validation figure, or a
+    train or validation loss no converging run reaches), or None."""
+    bad = [name for name, value in figures.items() if not name.startswith("member_") and not math.isfinite(value)]
+    if bad:
+        return f"{bad[0].replace('_', '-')} became {figures[bad[0]]}"
+    for name in ("train_loss", "val_loss"):
+        if name in figures and head.exploded(figures[name]):
+            return f"{name.replace('_', '-')} exploded to {figures[name]:.3g}"
+    return None
+
+
 def _prefixed(prefix, metrics):
     """``{'loss': .., 'member_acc': ..}`` -> ``{'<prefix>_loss': .., 'member_<prefix>_acc': ..}``."""
     out = {}
@@ -136,8 +149,11 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
                             start_batch if epoch == start_epoch else 0, stop,
                             seconds_before if epoch == start_epoch else 0.0, on_log if loggers else None,
                             on_step if steppers else None)
-        record = epoch_record(epoch, train, validate(dp, val_pipeline) if dp.rank == 0 else {},
-                              dp.trainer.learning_rate)
+        val = validate(dp, val_pipeline) if dp.rank == 0 else {}
+        wrong = _diverged(dp.head, {"train_loss": train["loss"], **val})  # the train loss: over all workers
+        if dp.workers.any(wrong is not None):
+            raise DivergedError(f"{wrong or 'the validation figures diverged'} in epoch {epoch + 1}")
+        record = epoch_record(epoch, train, val, dp.trainer.learning_rate)
         if dp.num_workers > 1:
             record["workers"] = dp.num_workers
         history.append(record)

@@ -9,6 +9,8 @@ from ..core.errors import DataError
 from ..core.heads import TASKS
 from .spec import DataSpec, channel_stats, input_scale
 
+MAX_CLASSES = 2 ** 20  # far above any real label set (ImageNet-21k: 21,841), far below 10**9
+
 
 
 @dataclass
@@ -37,7 +39,7 @@ def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=No
     labels with ``task='classify'`` are refused. ``classes``: class names (default the
     label numbers). ``mean``/``std``: per channel (default: from the training inputs)."""
     x_train, x_val = _inputs(x_train, "x_train"), _inputs(x_val, "x_val")
-    y_train, y_val = np.asarray(y_train), np.asarray(y_val)
+    y_train, y_val = _targets(y_train, "y_train"), _targets(y_val, "y_val")
     for x, y, split in ((x_train, y_train, "train"), (x_val, y_val, "val")):
         if len(x) != len(y):
             raise DataError(f"x_{split} has {len(x)} samples but y_{split} has {len(y)}")
@@ -57,6 +59,9 @@ def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=No
         if y_train.ndim != 1 or y_val.ndim != 1:
             raise DataError("classification labels must be one integer per sample")
         count = len(classes) if classes else int(y_train.max()) + 1  # the classes are the training labels
+        if count > MAX_CLASSES:
+            raise DataError(f"y_train's largest label is {count - 1}: labels are classes 0..K-1, and K is at most "
+                            f"{MAX_CLASSES} here (the class table and the output layer grow with K)")
         for y, split in ((y_train, "y_train"), (y_val, "y_val")):
             if y.min() < 0 or y.max() >= count:
                 raise DataError(f"{split} holds label {y.min() if y.min() < 0 else y.max()}, outside "
@@ -77,6 +82,15 @@ def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=No
                     std=list(map(float, np.atleast_1d(std))), dtype=dtype, classes=classes, source=source)
     targets = (lambda y: y.astype(np.int32)) if task == "classify" else (lambda y: y.astype(np.float32))
     return Dataset(x_train, targets(y_train), x_val, targets(y_val), spec)
+
+
+def _targets(y, name):
+    y = np.asarray(y)
+    if y.ndim == 0:
+        raise DataError(f"{name} is a single value, not one target per sample")
+    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
+        raise DataError(f"{name} is {y.dtype}, not numbers: integer labels classify, floats regress")
+    return y
 
 
 def _inputs(x, name):

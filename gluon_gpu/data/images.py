@@ -10,7 +10,12 @@ from .arrays import from_arrays
 
 MAX_PIXELS = 40_000_000  # checked from the header, before decoding (a 20000x20000 PNG is 400M)
 MIN_SIDE = 8             # below this an image carries too little to learn or classify
-GRAY_MODES = ("1", "L", "I", "I;16", "F")
+# Pillow's high-bit-depth grayscale modes, by the value that is white in each (16-bit
+# PNGs open as I;16, or as I in older Pillow; F: float TIFFs, white at 1.0). Pillow's
+# convert("L") clips them at 255 (a dark 16-bit image came out white), so they are
+# scaled instead; values outside 0..white have no 8-bit reading and are refused.
+WIDE_MODES = {"I;16": 65535, "I;16B": 65535, "I;16L": 65535, "I;16N": 65535, "I": 65535, "F": 1.0}
+GRAY_MODES = ("1", "L") + tuple(WIDE_MODES)
 
 
 def parse_image_size(text):
@@ -56,7 +61,7 @@ def decode(path, channels, size=None):
     tolerant, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, False
     try:
         with open_image(path) as im:
-            im = im.convert("L" if channels == 1 else "RGB")
+            im = _eight_bit(im, path).convert("L" if channels == 1 else "RGB")
             if size is not None and im.size != (size[1], size[0]):
                 im = im.resize((size[1], size[0]), Image.BILINEAR)
             pixels = np.asarray(im, dtype=np.uint8)
@@ -65,6 +70,19 @@ def decode(path, channels, size=None):
     finally:
         ImageFile.LOAD_TRUNCATED_IMAGES = tolerant
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+
+def _eight_bit(im, path):
+    """``im``, a high-bit-depth grayscale one (:data:`WIDE_MODES`) scaled to 8 bits."""
+    from PIL import Image
+    if im.mode not in WIDE_MODES:
+        return im
+    white = WIDE_MODES[im.mode]
+    values = np.asarray(im, dtype=np.float64)
+    if not np.isfinite(values).all() or values.min() < 0 or values.max() > white:
+        raise DataError(f"{path}: mode {im.mode} pixels span {values.min():g}..{values.max():g}, outside the "
+                        f"0..{white:g} that scales to 8 bits")
+    return Image.fromarray(np.rint(values * (255 / white)).astype(np.uint8), "L")
 
 
 def _scan(split_dir, classes=None):

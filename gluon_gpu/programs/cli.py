@@ -66,17 +66,42 @@ def seed(text):
     return value
 
 
+# MXNet's operators take their float parameters as float32: 1e39 is an MXNetError
+# ("Invalid Parameter format") at the first update.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def positive_float(text):
     value = _number(float, text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    if not 0 < value <= FLOAT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be a positive number up to {FLOAT32_MAX:.4g} (float32), got {text!r}")
     return value
 
 
 def non_negative_float(text):
     value = _number(float, text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    if not 0 <= value <= FLOAT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be from 0 up to {FLOAT32_MAX:.4g} (float32), got {text!r}")
+    return value
+
+
+def below_one(text):
+    """From 0 to below 1, as a momentum must be: heavy-ball SGD converges only below 1 (at 1
+    or more the velocity grows without bound: --momentum 5 ended a run at loss 1.6e28)."""
+    value = _number(float, text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to below 1, got {text!r}")
+    return value
+
+
+def thread_count(text):
+    """A thread count for MXNet's variables at start: 0 (as set) or up to what
+    core/environment.py accepts."""
+    from ..core.environment import THREADS_PER_CORE, usable_cpus
+    value = non_negative_int(text)
+    most = THREADS_PER_CORE * usable_cpus()
+    if value > most:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {most} ({THREADS_PER_CORE} per core), got {text!r}")
     return value
 
 

@@ -14,7 +14,8 @@ from ..data import DATASETS, PIPELINES
 from ..models.fused_conv import MODES
 from ..models.member_stack import LAYOUTS
 from ..models.zoo import MODELS, ZOO_EXAMPLES
-from .cli import as_flags, non_negative_float, non_negative_int, positive_float, positive_int, seed
+from .cli import as_flags, below_one, non_negative_float, non_negative_int, positive_float, \
+    positive_int, seed, thread_count
 
 OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
@@ -40,11 +41,11 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     fused_conv: str = _flag("auto", "LeNet's conv+relu+pool as one compiled CPU operator: auto (on "
                             "CPUs, when it builds), on, off", True, choices=MODES)
     omp_threads: int = _flag(0, "OpenMP threads per CPU operator (sets OMP_NUM_THREADS; 0: as set, "
-                             "else MXNet's default of half the logical CPUs)", True, type=non_negative_int)
+                             "else MXNet's default of half the logical CPUs)", True, type=thread_count)
     engine_threads: int = _flag(0, "MXNet engine worker threads per CPU context (sets "
                                 "MXNET_CPU_WORKER_NTHREADS; 0: as set, else 1, and for an ensemble on one CPU "
                                 "context one per core's worth of OpenMP threads, at most K)", True,
-                                type=non_negative_int)
+                                type=thread_count)
     bucket_mb: float = _flag(DEFAULT_BUCKET_MB, "several devices: gradients exchanged in contiguous buckets "
                              "of up to this many MiB, one kvstore key each; 0: one key per parameter",
                              True, type=non_negative_float)
@@ -74,7 +75,7 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     batch_size: int = _flag(256, "global batch size, split over the devices", type=positive_int)
     lr: float = _flag(0.1, "base learning rate", type=positive_float)
     optimizer: str = _flag("sgd", "optimizer", choices=OPTIMIZERS)
-    momentum: float = _flag(0.0, "sgd/nag only", type=non_negative_float)
+    momentum: float = _flag(0.0, "sgd/nag only; below 1", type=below_one)
     wd: float = _flag(0.0, "weight decay", type=non_negative_float)
     lr_mode: str = _flag("constant", "gluoncv LRScheduler mode, stepped per batch", choices=LR_MODES)
     lr_decay: float = _flag(0.1, "factor at each --lr-decay-epoch", type=positive_float)

@@ -31,7 +31,8 @@ import time
 import uuid
 
 from . import remote_role
-from .cli import Parser, non_negative_int, positive_int
+from ..core.errors import UserError
+from .cli import Parser, main_guard, non_negative_int, positive_int
 
 JOB_ENV = "GLUON_GPU_JOB"  # marks every process of a job (tests look for leftovers by it)
 RESTART_ENV = "GLUON_GPU_RESTART"  # the restart's number, for the workers (programs/train.py)
@@ -44,7 +45,7 @@ def build_parser():
     p.add_argument("--hostfile", help="one host per line ([user@]host[:ssh-port]); default: all local")
     p.add_argument("--scheduler-host", default=None,
                    help="address the hosts reach this machine at (hostfile mode; default: its hostname)")
-    p.add_argument("--port", type=non_negative_int, default=0, help="scheduler port (0: a free one)")
+    p.add_argument("--port", type=port_number, default=0, help="scheduler port (0: a free one)")
     p.add_argument("--timeout", type=non_negative_int, default=0, help="seconds before the job is stopped (0: none)")
     p.add_argument("--grace", type=positive_int, default=10,
                    help="seconds between SIGTERM and SIGKILL, for workers to checkpoint after a "
@@ -58,10 +59,28 @@ def build_parser():
     return p
 
 
+def port_number(text):
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 0 to 65535, got {text!r}")
+    return value
+
+
 def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def check_port(port):
+    """Refuse a scheduler port something here already holds (ps-lite's scheduler would
+    fail deep in MXNet with "bind failed")."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            raise UserError(f"--port {port} is in use here ({e.strerror}): choose another, or 0 for a free one") \
+                from None
 
 
 def read_hostfile(path):
@@ -69,10 +88,10 @@ def read_hostfile(path):
         with open(path) as f:
             hosts = [l.split("#")[0].strip() for l in f]
     except OSError as e:
-        raise SystemExit(f"gluon_gpu.launch: error: cannot read --hostfile {path}: {e.strerror}")
+        raise UserError(f"cannot read --hostfile {path}: {e.strerror}") from None
     hosts = [h for h in hosts if h]
     if not hosts:
-        raise SystemExit(f"gluon_gpu.launch: error: --hostfile {path} lists no host")
+        raise UserError(f"--hostfile {path} lists no host")
     return hosts
 
 
@@ -220,6 +239,7 @@ def _describe(code):
     return f"exited with status {code}"
 
 
+@main_guard("gluon_gpu.launch")
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -228,6 +248,8 @@ def main(argv=None):
         print("gluon_gpu.launch: error: no worker command: put it after --", file=sys.stderr)
         return 2
     hosts = read_hostfile(args.hostfile) if args.hostfile else None
+    if args.port:
+        check_port(args.port)
     job_id = os.environ.get(JOB_ENV) or uuid.uuid4().hex  # a caller may name the job
     deadline = time.monotonic() + args.timeout if args.timeout else None
     stop, failure = [], None

@@ -96,6 +96,8 @@ def _check_sync_bn_batches(samples, global_batch, devices):
 def optimizer_params(config, iters_per_epoch):
     """The optimizer's parameters; ``iters_per_epoch`` counts updates (batches / ``accumulate``)."""
     params = {"wd": config.wd}
+    if not 0 <= config.momentum < 1:  # the flag's type says so too (cli.below_one)
+        raise UserError(f"`momentum` {config.momentum}: must be from 0 to below 1, where SGD converges")
     if config.optimizer in ("sgd", "nag"):
         params["momentum"] = config.momentum
     elif config.momentum:
