@@ -304,3 +304,27 @@ def test_temporaries_of_a_killed_write_are_removed_by_the_next_writer(runs, tmp_
     assert train.main(["--resume", out, "--epochs", "4", "--quiet"]) == 0
     assert not os.path.exists(leftover)
     assert_same_run(runs[0], out)
+
+
+LOADER_PROBE = """
+import glob, os, numpy as np
+from mxnet import gluon
+from gluon_gpu.data.pipelines import LoaderPipeline
+dataset = gluon.data.ArrayDataset(np.zeros((512, 1, 8, 8), np.float32), np.zeros(512, np.float32))
+pipeline = LoaderPipeline(dataset, 64, num_workers=4)
+for _ in pipeline.epoch(0):
+    pass
+print(len(glob.glob(os.path.join(os.environ["TMPDIR"], "pymp-*"))))
+"""
+
+
+def test_the_loader_s_workers_leave_no_temporary_files(tmp_path):
+    """The DataLoader's workers make pymp-* directories (sockets passing shared memory)
+    and, stopped at exit, never removed them: now they share the main process's one,
+    which multiprocessing removes at exit."""
+    (tmp_path / "tmp").mkdir()
+    done = subprocess.run([sys.executable, "-c", LOADER_PROBE], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": REPO, "TMPDIR": str(tmp_path / "tmp")})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert int(done.stdout) == 1  # one directory, the main process's
+    assert os.listdir(tmp_path / "tmp") == []

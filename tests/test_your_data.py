@@ -244,3 +244,23 @@ def test_any_gluon_dataset_becomes_a_dataset_with_its_spec():
     np.testing.assert_array_equal(data.train_x[3], images[3].asnumpy().transpose(2, 0, 1))
     assert data.spec.task == "classify" and data.spec.outputs == int(labels[:30].max()) + 1
     assert len(data.spec.mean) == 3 and data.spec.input_shape == (3, 16, 16)
+
+
+def test_images_at_the_documented_minimum_work_or_say_which_size_does(tmp_path, capsys):
+    """8x8 images (the smallest a folder takes) are too small for LeNet's two convolutions
+    and poolings: one line naming the model and the size, exit 2; resized to 12 (LeNet's
+    smallest) they train, and a zoo network takes them as they are."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            os.makedirs(tmp_path / "d" / split / name)
+            for i in range(4):
+                Image.fromarray(rng.integers(0, 255, (8, 8), dtype=np.uint8)).save(tmp_path / "d" / split / name / f"{i}.png")
+    common = ["--dataset", "folder", "--data-dir", str(tmp_path / "d"), "--devices", "cpu", "--epochs", "1", "--quiet"]
+    for fused in ("auto", "off"):
+        assert train.main(common + ["--fused-conv", fused, "--out", str(tmp_path / f"r-{fused}")]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith("gluon_gpu.train: error: --model lenet cannot take inputs of 1x8x8: "), err
+        assert err[0].endswith("resize the images (--image-size) or choose another --model")
+    assert train.main(common + ["--image-size", "12", "--out", str(tmp_path / "r12")]) == 0
+    assert train.main(common + ["--model", "cifar_resnet20_v1", "--out", str(tmp_path / "zoo")]) == 0

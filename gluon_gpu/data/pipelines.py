@@ -8,6 +8,8 @@
   ``gluon.data.Dataset``, host batches the step cuts over the devices, the same
   in-graph transform. For the rest.
 """
+import multiprocessing.util
+
 import numpy as np
 from mxnet import gluon, nd
 
@@ -117,7 +119,7 @@ class LoaderPipeline:
     def __init__(self, dataset, batch_size, seed=0, shuffle=True, num_workers=0):
         self.n = len(dataset)
         self._sampler = _EpochSampler(self.n, batch_size, seed, shuffle)
-        self._loader = gluon.data.DataLoader(dataset, batch_sampler=self._sampler, num_workers=num_workers)
+        self._loader = _start_loader(dataset, self._sampler, num_workers)
 
     def __len__(self):
         return len(self._sampler)
@@ -125,6 +127,16 @@ class LoaderPipeline:
     def epoch(self, epoch, start_batch=0):
         self._sampler.set_epoch(epoch, start_batch)
         return iter(self._loader)
+
+
+def _start_loader(dataset, sampler, num_workers):
+    """Gluon's DataLoader. Its worker processes each made a temporary directory
+    (``pymp-*``, for the sockets that pass shared memory) and, stopped at exit, never
+    removed it (2 runs of 3 left some behind). Made here first, this process's is the one
+    the workers inherit, and multiprocessing removes it at exit, after the workers."""
+    if num_workers:
+        multiprocessing.util.get_temp_dir()
+    return gluon.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
 
 
 PIPELINES = ("device", "loader")

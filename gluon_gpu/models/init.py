@@ -58,7 +58,7 @@ def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1,
         if not all(p._data or p._deferred_init for p in params):  # pylint: disable=protected-access
             with semantics(model_is_np(model)):
                 model.initialize(SeededXavier(seed), ctx=ctx)
-        forward_zeros(model, input_shape, ctx[0])
+        first_pass(model, input_shape, ctx[0], "your network")
         return model
     if members > 1:
         return ensemble(model, members, ctx, seed, input_shape, outputs, layout, fused_conv, hybridize, batch_size)
@@ -67,8 +67,22 @@ def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1,
     np.random.seed(seed)
     net = get_model(model, outputs, input_shape[0], fused=fused)
     net.initialize(SeededXavier(seed), ctx=ctx)
-    forward_zeros(net, input_shape, ctx[0])
+    first_pass(net, input_shape, ctx[0], model)
     return net
+
+
+def first_pass(net, input_shape, ctx, name):
+    """The forward pass that materializes ``net``'s shapes; an input it cannot take (an
+    image smaller than its kernels and poolings leave room for: LeNet needs 12x12) is one
+    UserError with MXNet's reason, not an MXNetError from deep in the graph."""
+    try:
+        forward_zeros(net, input_shape, ctx)
+        mx.nd.waitall()
+    except mx.base.MXNetError as e:
+        lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+        reason = lines[-1].split("MXNetError: ")[-1] if lines else type(e).__name__
+        raise UserError(f"`model` {name} cannot take inputs of {'x'.join(map(str, input_shape))}: {reason}; "
+                        "resize the images (`image_size`) or choose another `model`") from None
 
 
 def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, layout="auto",
