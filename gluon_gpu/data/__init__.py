@@ -4,7 +4,7 @@ from collections import namedtuple
 
 from ..core.errors import DataError
 from .arrays import Dataset, from_arrays, from_gluon, read_npz
-from .fashion_mnist import CLASSES, MEAN, STD, find_data_dir, load_split, read_fashion_mnist
+from .fashion_mnist import read_fashion_mnist
 from .images import read_folder
 from .pipelines import PIPELINES, DevicePipeline, LoaderPipeline, epoch_order, make_pipeline
 from .spec import DataSpec

@@ -12,7 +12,6 @@ from .spec import DataSpec, channel_stats, input_scale
 MAX_CLASSES = 2 ** 20  # far above any real label set (ImageNet-21k: 21,841), far below 10**9
 
 
-
 @dataclass
 class Dataset:
     """Training and validation arrays and their :class:`DataSpec`."""

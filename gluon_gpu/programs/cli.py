@@ -96,12 +96,12 @@ def below_one(text):
 
 def thread_count(text):
     """A thread count for MXNet's variables at start: 0 (as set) or up to what
-    core/environment.py accepts."""
-    from ..core.environment import THREADS_PER_CORE, usable_cpus
+    core/environment.py accepts of them."""
+    from ..core.environment import whole_numbers
     value = non_negative_int(text)
-    most = THREADS_PER_CORE * usable_cpus()
+    _, most, why = whole_numbers()["OMP_NUM_THREADS"]
     if value > most:
-        raise argparse.ArgumentTypeError(f"must be from 0 to {most} ({THREADS_PER_CORE} per core), got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be from 0 to {most}{why}, got {text!r}")
     return value
 
 

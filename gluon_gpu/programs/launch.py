@@ -245,8 +245,7 @@ def main(argv=None):
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     if not args.command:
-        print("gluon_gpu.launch: error: no worker command: put it after --", file=sys.stderr)
-        return 2
+        raise UserError("no worker command: put it after --")
     hosts = read_hostfile(args.hostfile) if args.hostfile else None
     if args.port:
         check_port(args.port)
