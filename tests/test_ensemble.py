@@ -574,16 +574,6 @@ def test_an_ensemble_too_large_for_memory_is_refused_before_training(tmp_path, c
     assert not os.path.exists(os.path.join(out, "checkpoints"))
 
 
-def test_member_bytes_grow_with_the_batch_and_the_network():
-    from gluon_gpu.models.member_stack import member_bytes
-    from gluon_gpu.models import get_model
-    lenet = lambda: get_model("lenet")  # noqa: E731
-    small, large = member_bytes(lenet, (1, 28, 28), 64), member_bytes(lenet, (1, 28, 28), 256)
-    params = 61706  # the tutorial LeNet's parameters
-    assert small > 16 * params and large > small
-    assert member_bytes(lambda: get_model("cifar_resnet20_v1"), (1, 28, 28), 64) > small
-
-
 @pytest.mark.parametrize("devices", ["all", "cpu"])
 def test_the_heat_equation_example_trains_independent_seeds(tmp_path, devices):
     """examples/seed_parallel_heat.py on a slice: the members learn, end at different losses

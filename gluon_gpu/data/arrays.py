@@ -7,6 +7,7 @@ import numpy as np
 
 from ..core.errors import DataError
 from ..core.heads import TASKS
+from ..core.memory import check_fits
 from .spec import DataSpec, channel_stats, input_scale
 
 MAX_CLASSES = 2 ** 20  # far above any real label set (ImageNet-21k: 21,841), far below 10**9
@@ -102,7 +103,7 @@ def _inputs(x, name):
         raise DataError(f"{name} has shape {x.shape}: expected (N, F) features, (N, H, W) or "
                         "(N, C, H, W) images")
     if x.dtype != np.uint8:
-        x = x.astype(np.float32)
+        x = x.astype(np.float32, copy=False)  # no second copy of a float32 set
         if not np.isfinite(x).all():
             raise DataError(f"{name} holds NaN or infinite values")
     return x
@@ -135,6 +136,9 @@ def read_npz(path, image_size=None, task=None):
             missing = [k for k in ("x_train", "y_train", "x_val", "y_val") if k not in f.files]
             if missing:
                 raise DataError(f"{path} lacks {', '.join(missing)} (it has {', '.join(f.files) or 'nothing'})")
+            sizes = {info.filename: info.file_size for info in f.zip.infolist()}
+            check_fits({"host": sum(sizes.get(f"{k}.npy", 0) for k in ("x_train", "y_train", "x_val", "y_val"))},
+                       f"loading the arrays of {path}", "train on a smaller file")
             arrays = [f[k] for k in ("x_train", "y_train", "x_val", "y_val")]
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise DataError(f"cannot read {path} as .npz: {e or type(e).__name__}") from None

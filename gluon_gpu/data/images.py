@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 
 from ..core.errors import DataError
+from ..core.memory import check_fits
 from .arrays import from_arrays
 
 MAX_PIXELS = 40_000_000  # checked from the header, before decoding (a 20000x20000 PNG is 400M)
@@ -149,8 +150,14 @@ def read_folder(root, image_size=None, task=None):
     if skipped:
         print(f"gluon_gpu: skipped {len(skipped)} file(s) that are not images, e.g. {skipped[0]}", flush=True)
 
+    check_fits({"host": (len(train) + len(val)) * channels * size[0] * size[1]},
+               f"decoding the {len(train) + len(val)} images of {root} at {size[1]}x{size[0]}",
+               "pass a smaller `image_size`")
+
     def arrays(items):
-        return (np.stack([decode(p, channels, size) for p, _ in items]),
-                np.array([label for _, label in items], dtype=np.int64))
+        images = np.empty((len(items), channels) + size, dtype=np.uint8)  # filled in place: one copy at most
+        for i, (path, _) in enumerate(items):
+            images[i] = decode(path, channels, size)
+        return images, np.array([label for _, label in items], dtype=np.int64)
     return from_arrays(*arrays(train), *arrays(val), task="classify", classes=classes,
                        dataset="folder", source=root)

@@ -15,6 +15,7 @@ from mxnet import gluon, nd
 
 from ..core.devices import shard_bounds
 from ..core.errors import UserError
+from ..core.memory import check_fits
 
 
 def epoch_order(n, seed, epoch, shuffle=True):
@@ -52,6 +53,10 @@ class DevicePipeline:
                 raise UserError(f"{len(inputs)} samples do not fill one global batch of "
                                 f"{batch_size} x {self.workers} workers")
         dtype = "uint8" if inputs.dtype == np.uint8 else "float32"
+        copy = inputs.size * np.dtype(dtype).itemsize + targets.size * 4
+        check_fits({c: copy for c in dict.fromkeys(self.ctx)},
+                   f"`pipeline` device: a copy of {len(inputs)} samples on each of {len(set(self.ctx))} device(s)",
+                   "use `pipeline` loader, which keeps one copy on the host, or fewer samples (`limit`)")
         stored = {c: (nd.array(inputs, ctx=c, dtype=dtype), nd.array(targets, ctx=c, dtype="float32"))
                   for c in dict.fromkeys(self.ctx)}  # once per device, however many groups live there
         self._inputs, self._targets = ([stored[c][i] for c in self.ctx] for i in (0, 1))

@@ -60,12 +60,25 @@ def input_scale(dtype):
     return 1 / 255 if dtype == "uint8" else 1.0
 
 
-def channel_stats(x, scale):
-    """Per-channel (axis 1) mean and std of ``x`` scaled by ``scale``; std 1 where constant."""
+def channel_stats(x, scale, chunk_bytes=2 ** 24):
+    """Per-channel (axis 1) mean and std of ``x`` scaled by ``scale``; std 1 where constant.
+    Two passes over chunks of at most ``chunk_bytes`` as float64 (runs of samples, or
+    pieces of one sample's plane when a sample is larger): memory stays bounded whatever
+    the size of ``x``."""
     mean, std = np.empty(x.shape[1]), np.empty(x.shape[1])
-    for c in range(x.shape[1]):  # channel by channel: no float copy of the whole set
-        values = x[:, c].astype(np.float64) * scale
-        mean[c], std[c] = values.mean(), values.std()
+    plane = max(1, int(np.prod(x.shape[2:])))
+    step = max(1, chunk_bytes // 8)
+
+    def chunks(c):
+        if plane <= step:  # whole samples at a time
+            samples = step // plane
+            return (x[i:i + samples, c].astype(np.float64) * scale for i in range(0, len(x), samples))
+        return (x[i, c].reshape(-1)[j:j + step].astype(np.float64) * scale
+                for i in range(len(x)) for j in range(0, plane, step))
+    count = len(x) * plane
+    for c in range(x.shape[1]):
+        mean[c] = sum(chunk.sum() for chunk in chunks(c)) / count
+        std[c] = np.sqrt(sum(((chunk - mean[c]) ** 2).sum() for chunk in chunks(c)) / count)
     std[std == 0] = 1.0
     return mean.tolist(), std.tolist()
 

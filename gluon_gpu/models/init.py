@@ -8,6 +8,7 @@ import mxnet as mx
 from ..core.devices import THREAD_VARIABLES, cpu_contexts, thread_settings
 from ..core.errors import UserError
 from ..core.modes import forward_zeros, model_is_np, semantics
+from .footprint import cannot_take, check_training_memory
 from .member_stack import LAYOUTS, MemberStack, check_memory, member_devices
 from .zoo import get_model
 
@@ -52,8 +53,10 @@ def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1,
     get_model) or a user's Block (initialized here unless it already is). An ensemble's
     member k is initialized exactly as a single network with seed ``seed + k``; ``layout``
     (ensemble_layout) lays the members out over ``ctx``, once ``batch_size`` (if given)
-    shows they fit in memory."""
+    shows they fit in memory (as it must for a single network too)."""
     if not isinstance(model, str):
+        if batch_size and isinstance(model, mx.gluon.HybridBlock):  # an imperative Block: first_pass tells
+            check_training_memory(lambda: model, input_shape, ctx, batch_size, "your network")
         params = model.collect_params().values()
         if not all(p._data or p._deferred_init for p in params):  # pylint: disable=protected-access
             with semantics(model_is_np(model)):
@@ -63,6 +66,8 @@ def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1,
     if members > 1:
         return ensemble(model, members, ctx, seed, input_shape, outputs, layout, fused_conv, hybridize, batch_size)
     fused = fused_for(model, ctx, fused_conv)
+    if batch_size:
+        check_training_memory(lambda: get_model(model, outputs, input_shape[0]), input_shape, ctx, batch_size, model)
     mx.random.seed(seed)
     np.random.seed(seed)
     net = get_model(model, outputs, input_shape[0], fused=fused)
@@ -72,17 +77,13 @@ def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1,
 
 
 def first_pass(net, input_shape, ctx, name):
-    """The forward pass that materializes ``net``'s shapes; an input it cannot take (an
-    image smaller than its kernels and poolings leave room for: LeNet needs 12x12) is one
-    UserError with MXNet's reason, not an MXNetError from deep in the graph."""
+    """The forward pass that materializes ``net``'s shapes; an input it cannot take is
+    one UserError (footprint.cannot_take)."""
     try:
         forward_zeros(net, input_shape, ctx)
         mx.nd.waitall()
     except mx.base.MXNetError as e:
-        lines = [l.strip() for l in str(e).splitlines() if l.strip()]
-        reason = lines[-1].split("MXNetError: ")[-1] if lines else type(e).__name__
-        raise UserError(f"`model` {name} cannot take inputs of {'x'.join(map(str, input_shape))}: {reason}; "
-                        "resize the images (`image_size`) or choose another `model`") from None
+        raise cannot_take(name, input_shape, e) from None
 
 
 def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, layout="auto",
@@ -95,7 +96,8 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
     ``batch_size``: first check that the members fit in memory at that batch size."""
     layout = ensemble_layout(layout, model, ctx)
     if batch_size:
-        check_memory(member_factory(model, input_shape, outputs), members, ctx, layout, input_shape, batch_size)
+        check_memory(member_factory(model, input_shape, outputs), members, ctx, layout, input_shape, batch_size,
+                     model if isinstance(model, str) else "your network")
 
     def member(k, where, conv):
         if isinstance(model, str):

@@ -27,10 +27,10 @@ from collections import namedtuple
 import mxnet as mx
 from mxnet import gluon, nd
 
-from ..core.errors import UserError
+from ..core.memory import check_fits, gib
 from ..core.members import PlacedMembers
 from ..core.modes import legacy, model_is_np, semantics, to_api
-from ..core.walk import leaves
+from .footprint import footprint, training_bytes
 
 # The layouts by name (--ensemble-layout), with what they do (the --help text).
 LAYOUTS = {
@@ -119,50 +119,20 @@ def member_devices(members, devices, layout):
     return [device for device, count in zip(devices, counts) for _ in range(count)]
 
 
-def member_bytes(make_net, input_shape, batch_size):
-    """One member's memory in training, estimated from a fresh copy (``make_net()``):
-    its parameters four times (weights, gradients, at most two optimizer states) and every
-    layer's output three times per sample of the batch (value, gradient, workspace)."""
-    net = make_net()
-    net.initialize()
-    outputs = []
-
-    def hook(_block, _inputs, output):  # also called on symbols while shapes are inferred: not counted
-        arrays = output if isinstance(output, (list, tuple)) else [output]
-        outputs.append(sum(o.size for o in arrays if isinstance(o, (nd.NDArray, mx.np.ndarray))))
-    for layer in leaves(net):
-        layer.register_forward_hook(hook)
-    with semantics(model_is_np(net)):
-        net(to_api(nd.zeros((1,) + tuple(input_shape)), model_is_np(net)))
-    params = sum(p.data().size for p in net.collect_params().values())
-    return 4 * (4 * params + 3 * sum(outputs) * batch_size)
-
-
-def available_bytes(device):
-    """Free memory for ``device``: the GPU's, or the host's (MemAvailable) for CPU contexts."""
-    if device.device_type == "gpu":
-        return mx.context.gpu_memory_info(device.device_id)[0]
-    with open("/proc/meminfo") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:"))
-
-
-def check_memory(make_net, members, devices, layout, input_shape, batch_size):
-    """Refuse, before anything is allocated, an ensemble that cannot fit: members per
-    device (CPU contexts share the host's memory) x ``member_bytes`` against the free
-    memory (UserError, one line)."""
-    per_member = member_bytes(make_net, input_shape, batch_size)
+def check_memory(make_net, members, devices, layout, input_shape, batch_size, name="your network"):
+    """Refuse, before anything is allocated, an ensemble that cannot fit: the members
+    each device holds (CPU contexts share the host's memory) x one member's training
+    state at ``batch_size`` (models.footprint), against the free memory."""
+    params, activations = footprint(make_net, input_shape, name)
+    per_member = training_bytes(params, activations, 1, batch_size)
     if devices[0].device_type == "cpu" or layout in ("separate", "sequential"):
         loads = {devices[0]: members}
     else:  # fused: every device holds every member; devices: its run of members
         placed = member_devices(members, devices, "devices")
         loads = {d: members if layout == "fused" else placed.count(d) for d in devices}
-    for device, count in loads.items():
-        need, free = count * per_member, available_bytes(device)
-        if need > free:
-            raise UserError(f"`ensemble` {members}: about {need / 2**30:.1f} GiB for {count} members of "
-                            f"{per_member / 2**20:.0f} MiB (parameters, optimizer state, activations of a "
-                            f"batch of {batch_size}) on {device}, which has {free / 2**30:.1f} GiB free; "
-                            "train fewer members at once, or a smaller `batch_size`")
+    check_fits({device: count * per_member for device, count in loads.items()},
+               f"`ensemble` {members} ({gib(per_member)} a member: parameters, optimizer state, activations of a "
+               f"batch of {batch_size})", "train fewer members at once, or a smaller `batch_size`")
 
 
 PipelineLayout = namedtuple("PipelineLayout", "train_ctx member_groups eval_ctx in_turns")

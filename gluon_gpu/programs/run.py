@@ -57,7 +57,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     store = mx.kv.create(config.kvstore) if config.kvstore and config.kvstore.startswith("dist") else None
     shard = (store.rank, store.num_workers) if store else (0, 1)
     net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, config.ensemble,
-                     config.fused_conv, config.ensemble_layout, config.hybridize, config.batch_size)
+                     config.fused_conv, config.ensemble_layout, config.hybridize,
+                     min(config.batch_size, len(data.train_y)))  # the largest batch the data makes
     layout = pipeline_layout(net, ctx)
     synced = use_sync_batchnorm(net, len(ctx)) if config.sync_bn else 0
     if config.sync_bn:

@@ -1,0 +1,92 @@
+"""The memory a run may use, and the one check every large allocation goes through
+before it is made (decoded datasets, their copies on the devices, a network's training
+state at its batch size, ensembles): a refusal in one line with the figure and what is
+free, instead of the OOM killer or "Failed to allocate CPU Memory" half a minute in."""
+import os
+
+from .errors import UserError
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+UNLIMITED = 2 ** 60  # cgroup v1 writes "no limit" as 9223372036854771712, v2 as "max"
+
+
+def _read(path, default=None):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return default
+
+
+def _cgroup_free(directory, limit_file, usage_file, cache_key):
+    """Limit - usage (page cache the kernel can drop not counted as used) of one cgroup
+    directory, or None when it sets no limit."""
+    limit, usage = _read(os.path.join(directory, limit_file)), _read(os.path.join(directory, usage_file))
+    if limit is None or usage is None or limit.strip() == "max" or int(limit) >= UNLIMITED:
+        return None
+    stat = dict(line.split() for line in (_read(os.path.join(directory, "memory.stat"), "")).splitlines()
+                if len(line.split()) == 2)
+    return max(0, int(limit) - (int(usage) - int(stat.get(cache_key, 0))))
+
+
+def cgroup_free(proc_cgroup="/proc/self/cgroup", root=CGROUP_ROOT):
+    """The least free memory under the memory limits of this process's cgroup and its
+    ancestors, v1 (``memory`` controller) or v2 (unified); None when none sets a limit."""
+    frees = []
+    for line in (_read(proc_cgroup, "")).splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):  # v1
+            base, files = os.path.join(root, "memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                        "total_inactive_file")
+        elif controllers == "":  # v2
+            base = os.path.join(root, "unified") if os.path.isdir(os.path.join(root, "unified")) else root
+            files = ("memory.max", "memory.current", "inactive_file")
+        else:
+            continue
+        parts = [p for p in path.strip().split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            free = _cgroup_free(os.path.join(base, *parts[:depth]), *files)
+            if free is not None:
+                frees.append(free)
+    return min(frees) if frees else None
+
+
+def host_available():
+    """Bytes this process may still allocate on the host: the kernel's MemAvailable,
+    lowered to what the cgroup memory limits leave (a container's or a job's cap)."""
+    meminfo = _read("/proc/meminfo", "")
+    free = next((int(l.split()[1]) * 1024 for l in meminfo.splitlines() if l.startswith("MemAvailable:")), UNLIMITED)
+    limited = cgroup_free()
+    return free if limited is None else min(free, limited)
+
+
+def _memory_of(device):
+    """The memory ``device`` allocates from: a GPU's own, or "host" (CPU contexts share it)."""
+    return device if getattr(device, "device_type", "cpu") == "gpu" else "host"
+
+
+def available_bytes(device):
+    """Free memory for ``device`` (an MXNet context, or "host"): the GPU's, or the host's."""
+    if _memory_of(device) == "host":
+        return host_available()
+    import mxnet as mx  # only for a GPU: the data layer checks the host without MXNet
+    return mx.context.gpu_memory_info(device.device_id)[0]
+
+
+def gib(nbytes):
+    """``nbytes`` for a person: GiB, or MiB below one."""
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
+
+
+def check_fits(needs, what, advice):
+    """Refuse (UserError, one line) before allocating when ``needs``, {device or "host":
+    bytes}, exceeds the free memory; CPU contexts share the host's, so their needs add
+    up. ``what`` says what needs the memory, ``advice`` what to change."""
+    totals = {}
+    for device, nbytes in needs.items():
+        totals[_memory_of(device)] = totals.get(_memory_of(device), 0) + nbytes
+    for memory, nbytes in totals.items():
+        free = available_bytes(memory)
+        if nbytes > free:
+            where = "the host" if memory == "host" else str(memory)
+            raise UserError(f"{what} needs about {gib(nbytes)}, and {where} has {gib(free)} free; {advice}")

@@ -1,0 +1,153 @@
+"""One memory estimate before every large allocation: decoded image folders, the device
+pipeline's copies, a network's training state at its batch size, ensembles. A run that
+cannot fit is refused in one line with the figure and what is free, before it allocates;
+under a cgroup memory cap the free figure is the cap's."""
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from gluon_gpu.core.errors import UserError
+from gluon_gpu.core.memory import cgroup_free, check_fits
+from gluon_gpu.models import get_model
+from gluon_gpu.models.footprint import footprint, training_bytes
+from gluon_gpu.programs import train
+
+from conftest import make_image_folder
+from failure_table import table_exit
+from memory_cap import run_capped
+
+MiB = 2 ** 20
+
+
+def _write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def test_the_tightest_cgroup_limit_of_the_process_and_its_ancestors_counts(tmp_path):
+    """v1: a job's group under a parent with a smaller limit; the page cache the kernel
+    can drop is free. v2: "max" is no limit. No limit anywhere: None."""
+    root = tmp_path / "cgroup"
+    v1 = root / "memory" / "jobs" / "job1"
+    _write(str(v1 / "memory.limit_in_bytes"), str(900 * MiB))
+    _write(str(v1 / "memory.usage_in_bytes"), str(300 * MiB))
+    _write(str(v1 / "memory.stat"), f"cache 1\ntotal_inactive_file {100 * MiB}\n")
+    _write(str(root / "memory" / "jobs" / "memory.limit_in_bytes"), str(700 * MiB))
+    _write(str(root / "memory" / "jobs" / "memory.usage_in_bytes"), str(300 * MiB))
+    _write(str(root / "memory" / "memory.limit_in_bytes"), "9223372036854771712")
+    _write(str(root / "memory" / "memory.usage_in_bytes"), str(5000 * MiB))
+    proc = tmp_path / "cgroup_of_v1"
+    _write(str(proc), "4:memory:/jobs/job1\n3:cpu:/\n0::/\n")
+    assert cgroup_free(str(proc), str(root)) == 400 * MiB  # the parent's 700 - 300, not the job's 900 - 200
+
+    v2 = root / "job2"
+    _write(str(v2 / "memory.max"), str(512 * MiB))
+    _write(str(v2 / "memory.current"), str(112 * MiB))
+    _write(str(v2 / "memory.stat"), "inactive_file 0\n")
+    _write(str(root / "memory.max"), "max")
+    proc2 = tmp_path / "cgroup_of_v2"
+    _write(str(proc2), "0::/job2\n")
+    assert cgroup_free(str(proc2), str(root)) == 400 * MiB
+    _write(str(proc2), "0::/\n")
+    assert cgroup_free(str(proc2), str(root)) is None
+
+
+def test_cpu_contexts_share_the_host_so_their_needs_add_up():
+    free_now = 2 ** 40  # check_fits reads the real figure; these needs sit either side of it
+    with pytest.raises(UserError) as refused:
+        check_fits({mx.cpu(0): free_now, mx.cpu(1): free_now}, "two copies", "use fewer")
+    message = str(refused.value)
+    assert "\n" not in message and "two copies needs about 2048.0 GiB, and the host has" in message
+    assert message.endswith("free; use fewer")
+    check_fits({mx.cpu(0): MiB, mx.cpu(1): MiB}, "two small copies", "unused")
+
+
+@pytest.mark.parametrize("model", ["lenet", "cifar_resnet20_v1"])
+def test_the_estimate_counts_the_parameters_and_at_least_every_layer_s_output(model):
+    """Shape inference, no allocation: the parameters are exactly those an initialized
+    copy holds; the activations at least what the layers return (forward hooks), and they
+    grow with the image's area."""
+    params, activations = footprint(lambda: get_model(model), (1, 28, 28))
+    net = get_model(model)
+    net.initialize()
+    outputs = []
+    from gluon_gpu.core.walk import leaves
+    for layer in leaves(net):
+        layer.register_forward_hook(  # called on symbols too while shapes are inferred: not counted
+            lambda _b, _i, out: isinstance(out, mx.nd.NDArray) and outputs.append(out.size))
+    net(mx.nd.zeros((1, 1, 28, 28)))
+    assert params == sum(p.data().size for p in net.collect_params().values())
+    assert sum(outputs) <= activations < 3 * sum(outputs)
+    assert footprint(lambda: get_model(model), (1, 56, 56))[1] > 3 * activations
+    # a 20000x20000 input: estimated, not allocated (a forward pass would need over 100 GiB)
+    assert footprint(lambda: get_model(model), (1, 20000, 20000))[1] > 400_000 * activations
+    assert training_bytes(params, activations, 2, 64) == 4 * (8 * params + 192 * activations)
+
+
+def test_a_batch_that_cannot_fit_is_refused_before_any_step(tmp_path, capsys):
+    """The issue's case: cifar_resnet20_v1 at batch 10,000,000 ran 31 s into "Failed to
+    allocate CPU Memory". The estimate counts the largest batch the data makes (all 60,000
+    training samples here), and refuses it with the figure and the host's free memory."""
+    out = str(tmp_path / "r")
+    assert table_exit("a run that cannot fit in memory", train.main(
+        ["--model", "cifar_resnet20_v1", "--batch-size", "10000000", "--epochs", "1", "--quiet", "--out", out]))
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "--model cifar_resnet20_v1 on inputs of 1x28x28 with batches of 60000 samples" in err
+    assert "GiB, and the host has" in err and "free; choose a smaller --batch-size" in err
+    assert not os.path.exists(out)
+
+
+def _capped_train(tmp_path, limit, *flags):
+    out = str(tmp_path / "run")
+    proc = run_capped(limit, [sys.executable, "-m", "gluon_gpu.train", "--epochs", "1", "--quiet", "--out", out,
+                              *flags], capture_output=True, text=True, timeout=300)
+    return proc, out
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return make_image_folder(tmp_path_factory.mktemp("tiny") / "shapes", per_class=(4, 2), size=16)
+
+
+@pytest.mark.parametrize("flags, refusal", [
+    # the issue's --image-size 20000 (a MemoryError then): 18 RGB images decoded would be 20 GiB
+    (["--image-size", "20000"], "decoding the 18 images of"),
+    # decoded (18 MB) they fit; LeNet's training state on 1000x1000 inputs (~2 GiB) does not
+    (["--image-size", "1000"], "--model lenet on inputs of 3x1000x1000 with batches of 12 samples"),
+])
+def test_under_a_memory_cap_a_run_that_cannot_fit_is_refused_before_it_allocates(tmp_path, tiny_folder, flags,
+                                                                                 refusal):
+    """Each refusal names the cap's free figure, not the host's 20-odd GiB: without the cap
+    both runs would start, and the second would fit in the host's memory."""
+    proc, out = _capped_train(tmp_path, 400 * MiB, "--dataset", "folder", "--data-dir", tiny_folder,
+                              "--devices", "cpu", "--batch-size", "12", *flags)
+    assert table_exit("a run that cannot fit in memory", proc.returncode), proc.stderr[-2000:]
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and refusal in line, line
+    free = float(line.split("the host has ")[1].split()[0])
+    assert "MiB free" in line and free < 400, line
+    assert not os.path.exists(out)
+
+
+def test_the_device_pipeline_s_copies_are_checked_against_the_cap(tmp_path):
+    """An npz of 173 MB of float32 images on cpu*8: the device pipeline would copy it to
+    each of the eight contexts (1.4 GB more) under a cap that leaves about half that; the
+    refusal says to use the loader pipeline, which then trains under the same cap."""
+    rng = np.random.default_rng(0)
+    path = str(tmp_path / "big.npz")
+    np.savez(path, x_train=rng.random((3000, 1, 120, 120), dtype=np.float32), y_train=rng.integers(0, 2, 3000),
+             x_val=rng.random((64, 1, 120, 120), dtype=np.float32), y_val=rng.integers(0, 2, 64))
+    common = ["--dataset", "npz", "--data-dir", path, "--devices", "cpu*8", "--model", "mlp"]
+    proc, out = _capped_train(tmp_path, 1200 * MiB, *common)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "--pipeline device: a copy of 3000 samples on each of 8 device(s)" in line
+    assert "use --pipeline loader" in line
+    proc, out = _capped_train(tmp_path, 1200 * MiB, *common, "--pipeline", "loader")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert os.path.exists(os.path.join(out, "net.params"))
