@@ -15,6 +15,8 @@ from gluon_gpu.programs import evaluate, predict, train
 from gluon_gpu.data.fashion_mnist import DEBIAN_DIR, FILES
 from gluon_gpu.models import get_model
 
+from failure_table import table_exit
+
 TEST_IMAGES = os.path.join(DEBIAN_DIR, "t10k-images-idx3-ubyte.gz")
 
 
@@ -229,7 +231,7 @@ def png_header(width, height):
 def test_predict_refuses_a_decompression_bomb_from_its_header(run_dir, tmp_path, capsys):
     bomb = tmp_path / "bomb.png"
     bomb.write_bytes(png_header(20000, 20000))  # 400M pixels, 0.1 KB on disk
-    assert predict.main(["--params", os.path.join(run_dir, "net.params"), str(bomb)]) == 2
+    assert table_exit("an image over 40M", predict.main(["--params", os.path.join(run_dir, "net.params"), str(bomb)]))
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "400000000 pixels" in err and "over the 40M pixels" in err, err
 
@@ -253,7 +255,7 @@ def test_bad_environment_variables_are_one_line_before_mxnet_starts(variable, va
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-m", f"gluon_gpu.{program}", "--help"], cwd=repo, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": repo, variable: value})
-    assert done.returncode == 2 and done.stdout == ""
+    assert table_exit("a bad variable", done.returncode) and done.stdout == ""
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"gluon_gpu: error: {variable}={value!r}: must be"), lines
 
@@ -330,6 +332,6 @@ def test_every_float_flag_stops_where_mxnet_s_float32_parameters_stop(capsys):
         for bad in ("1e39", "inf", "nan", "-1") + (("1", "5") if kind is cli.below_one else ()):
             with pytest.raises(SystemExit) as e:
                 build_parser().parse_args([flag, bad])
-            assert e.value.code == 2
+            assert table_exit("an optimizer setting", e.value.code)
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and err[0].startswith(f"gluon_gpu.train: error: argument {flag}: must be"), err

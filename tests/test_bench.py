@@ -85,7 +85,7 @@ def test_ensemble_bench_times_every_spec_and_layout_against_k_times_one(tmp_path
     monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
     out = str(tmp_path / "bench")
     assert bench.main(["--devices", "cpu", "cpu*2", "--ensemble", "2", "3", "--ensemble-layout", "auto", "fused",
-                       "--epochs", "2", "--limit", "512", "--out", out, "--quiet"]) == 0
+                       "--epochs", "2", "--limit", "512", "--val-limit", "500", "--out", out, "--quiet"]) == 0
     assert "cpu K=3 separate (auto) [2 workers]" in capsys.readouterr().out
     with open(os.path.join(out, "bench.json")) as f:
         rows = json.load(f)["ensembles"]
@@ -109,7 +109,7 @@ def test_an_ensemble_bench_of_two_engine_worker_counts_times_k1_on_one_worker(tm
     bench on one worker, as the trainer runs a single network."""
     out = str(tmp_path / "bench")
     assert bench.main(["--devices", "cpu", "--ensemble", "2", "--engine-threads", "1", "2", "--epochs", "2",
-                       "--limit", "512", "--out", out, "--quiet"]) == 0
+                       "--limit", "512", "--val-limit", "500", "--out", out, "--quiet"]) == 0
     table = capsys.readouterr().out
     with open(os.path.join(out, "bench.json")) as f:
         rows = json.load(f)["ensembles"]
@@ -140,7 +140,7 @@ def test_bench_modes_refuse_what_they_cannot_time(tmp_path, capsys, flags, messa
 def test_workers_bench_times_real_jobs(tmp_path, capsys, monkeypatch):
     out = str(tmp_path / "bench")
     monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert bench.main(["--devices", "cpu", "--workers", "2", "--epochs", "2", "--limit", "1024",
+    assert bench.main(["--devices", "cpu", "--workers", "2", "--epochs", "2", "--limit", "1024", "--val-limit", "500",
                        "--batch-size", "128", "--out", out, "--quiet"]) == 0
     assert "time vs 1 process" in capsys.readouterr().out
     with open(os.path.join(out, "bench.json")) as f:
@@ -159,7 +159,8 @@ def test_bench_runs_each_dtype_and_thread_count_in_its_own_process(tmp_path, cap
     child bench, the rows come back tagged and compared across the children."""
     out = str(tmp_path / "bench")
     assert bench.main(["--devices", "cpu", "--dtype", "float32", "bfloat16", "--omp-threads", "1", "2",
-                       "--epochs", "2", "--limit", "512", "--num-workers", "0", "--out", out, "--quiet"]) == 0
+                       "--epochs", "2", "--limit", "512", "--val-limit", "500", "--num-workers", "0", "--out", out,
+                       "--quiet"]) == 0
     printed = capsys.readouterr().out
     with open(os.path.join(out, "bench.json")) as f:
         report = json.load(f)
@@ -186,7 +187,7 @@ def test_bench_of_a_zoo_model_times_gluoncv_s_loop_as_the_baseline(tmp_path, mon
     monkeypatch.setattr(tutorial_loop, "run", lambda *a, **k: built.append(k["model"]) or real(*a, **k))
     out = str(tmp_path / "bench")
     assert bench.main(["--devices", "cpu", "--model", "cifar_resnet20_v1", "--epochs", "2", "--limit", "256",
-                       "--batch-size", "128", "--num-workers", "0", "--out", out, "--quiet"]) == 0
+                       "--val-limit", "500", "--batch-size", "128", "--num-workers", "0", "--out", out, "--quiet"]) == 0
     with open(os.path.join(out, "bench.json")) as f:
         report = json.load(f)
     assert built == ["cifar_resnet20_v1"] and report["tutorial"]["samples_per_s"] > 0

@@ -1,5 +1,6 @@
 """Distributed training on MXNet's parameter-server kvstore, on loopback, and the launcher."""
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -14,6 +15,8 @@ import pytest
 from gluon_gpu.programs import launch, remote_role, resume, train
 
 from conftest import read_metrics
+from test_checkpoints import CHAOS_KILLS, CHAOS_SEED
+from failure_table import table_exit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = [sys.executable, "-m", "gluon_gpu.train", "--kvstore", "dist_sync", "--devices", "cpu",
@@ -102,7 +105,7 @@ def test_a_dead_worker_stops_the_whole_job_and_leaves_no_process(tmp_path):
     killed_at = time.time()
     _, err = proc.communicate(timeout=60)
     assert time.time() - killed_at < 20  # bounded: the poll, then SIGTERM, grace, SIGKILL
-    assert proc.returncode == 1
+    assert table_exit("a process of a distributed job dies", proc.returncode)
     lines = err.strip().splitlines()
     assert lines[-1].startswith("gluon_gpu.launch: worker ") and "killed by SIGKILL" in lines[-1]
     deadline = time.time() + 10  # the launcher has reaped them; the kernel may lag a moment
@@ -116,7 +119,7 @@ def test_timeout_stops_a_job(tmp_path):
     proc = run_launch(["-n", "1", "--timeout", "4", "--grace", "2", "--", sys.executable, "-c",
                        "import time; time.sleep(600)"], job)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1 and "timed out after 4 s" in err
+    assert table_exit("a job outlives", proc.returncode) and "timed out after 4 s" in err
     assert job_processes(job) == []
 
 
@@ -154,7 +157,7 @@ def test_local_plan_uses_loopback():
 def test_launcher_usage_errors(tmp_path, capsys):
     assert launch.main(["-n", "2"]) == 2
     assert "no worker command" in capsys.readouterr().err
-    assert launch.main(["-n", "2", "--hostfile", str(tmp_path / "none"), "--", "true"]) == 2
+    assert table_exit("`launch --port P`", launch.main(["-n", "2", "--hostfile", str(tmp_path / "none"), "--", "true"]))
     assert capsys.readouterr().err.splitlines() == [f"gluon_gpu.launch: error: cannot read --hostfile {tmp_path}/none: "
                                                     "No such file or directory"]
     (tmp_path / "empty").write_text("# nobody\n")
@@ -170,7 +173,7 @@ def test_a_port_in_use_is_one_line_naming_it(capsys):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        assert launch.main(["-n", "1", "--port", str(port), "--", "true"]) == 2
+        assert table_exit("`launch --port P`", launch.main(["-n", "1", "--port", str(port), "--", "true"]))
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"gluon_gpu.launch: error: --port {port} is in use here"), err
 
@@ -185,7 +188,7 @@ def test_a_worker_command_that_cannot_start_is_one_line_and_leaves_nothing():
     job = uuid.uuid4().hex
     proc = run_launch(["-n", "2", "--grace", "3", "--", "/nonexistent/cmd"], job)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 2 and "Traceback" not in err
+    assert table_exit("a worker command that cannot start", proc.returncode) and "Traceback" not in err
     assert err.strip().splitlines() == ["gluon_gpu.launch: error: cannot start worker 0 (/nonexistent/cmd): "
                                         "No such file or directory"]
     assert job_processes(job) == []  # the scheduler and server it had started are gone
@@ -200,7 +203,7 @@ def test_no_role_outlives_a_killed_launcher(tmp_path):
         assert time.time() < deadline and proc.poll() is None
         time.sleep(0.05)
     proc.kill()
-    proc.wait()
+    assert table_exit("the launcher is killed", proc.wait())
     deadline = time.time() + 10
     while job_processes(job) and time.time() < deadline:
         time.sleep(0.05)
@@ -258,7 +261,7 @@ def test_sigterm_to_the_launcher_checkpoints_the_partial_epoch_and_exits_143(tmp
     assert len(addresses) == 4 and all(a.startswith("127.0.0.1:") for a in addresses), addresses
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)  # far less than the grace
-    assert proc.returncode == 143, err
+    assert table_exit("SIGTERM / SIGINT to", proc.returncode), err
     assert "Traceback" not in err
     stopped = [l for l in err.splitlines() if l.startswith("gluon_gpu.train: SIGTERM: stopped in epoch 2")]
     assert len(stopped) == 1, err  # rank 0 alone reports (and writes)
@@ -273,22 +276,61 @@ def test_sigterm_to_the_launcher_checkpoints_the_partial_epoch_and_exits_143(tmp
     assert_same_params(params(os.path.join(out, "net.params")), straight_run)
 
 
-def test_max_restarts_resumes_a_job_after_a_worker_is_killed(tmp_path, straight_run):
-    """kill -9 of a worker in epoch 2: the launcher stops the job, starts it again, the
-    workers resume from the epoch-1 checkpoint, and the job ends where it would have."""
+def cpu_seconds_of(pid):
+    """CPU time process ``pid`` has used (None once it is gone): progress to wait on."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+CHAOS_EPOCHS = max(3, CHAOS_KILLS // 2)  # enough work that no kill comes after the end
+
+
+@pytest.fixture(scope="module")
+def straight_chaos_job(request, tmp_path_factory):
+    """The straight job of the chaos test's length: the 3 epochs of straight_run in CI."""
+    if CHAOS_EPOCHS == 3:
+        return request.getfixturevalue("straight_run")
+    out = str(tmp_path_factory.mktemp("straight") / "run")
+    proc = run_launch(["-n", "2", "--"] + LONG + ["--epochs", str(CHAOS_EPOCHS), "--out", out], uuid.uuid4().hex)
+    assert proc.communicate(timeout=900)[0] is not None and proc.returncode == 0
+    return params(os.path.join(out, "net.params"))
+
+
+def test_chaos_worker_kills_with_max_restarts_end_where_the_straight_job_ends(tmp_path, straight_chaos_job):
+    """CHAOS_KILLS kill -9s in a row, each of a random worker after a random amount of its
+    CPU work (start-up, training, a checkpoint write): each time the launcher stops the
+    job and starts it again (--max-restarts), the workers resume from the newest complete
+    checkpoint, and the job ends where the uninterrupted one does, leaving no process and
+    no temporary."""
+    rng = random.Random(CHAOS_SEED)
     out, job = str(tmp_path / "run"), uuid.uuid4().hex
-    proc = run_launch(["-n", "2", "--grace", "3", "--max-restarts", "1", "--"] + LONG + ["--out", out], job)
-    wait_until(lambda: checkpoint_exists(out, 1), proc, "the epoch-1 checkpoint")
-    victim = [pid for pid, role in job_processes(job) if role == "worker"][1]
-    os.kill(victim, signal.SIGKILL)
-    printed, err = proc.communicate(timeout=300)
+    proc = run_launch(["-n", "2", "--grace", "3", "--max-restarts", str(CHAOS_KILLS), "--"] + LONG +
+                      ["--epochs", str(CHAOS_EPOCHS), "--out", out], job)
+    killed = []
+
+    def workers():
+        return [pid for pid, role in job_processes(job) if role == "worker" and pid not in killed]
+    for _ in range(CHAOS_KILLS):
+        wait_until(lambda: len(workers()) == 2, proc, "the job's two workers")
+        victim = rng.choice(workers())
+        target = cpu_seconds_of(victim) + rng.uniform(0.3, 4.0)  # start-up takes about 2.5 CPU s
+        wait_until(lambda: (cpu_seconds_of(victim) or target) >= target, proc, "the victim's work")
+        os.kill(victim, signal.SIGKILL)
+        killed.append(victim)
+    printed, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
-    restarts = [l for l in err.splitlines() if "restart 1 of 1" in l]
-    assert len(restarts) == 1 and "killed by SIGKILL" in restarts[0], err
-    assert "checkpoints/epoch-00001-batch-0000000 (epoch 2, batch 1)" in printed, printed
-    assert_same_params(params(os.path.join(out, "net.params")), straight_run)
-    assert read_metrics(out)["status"] == "finished" and len(read_metrics(out)["epochs"]) == 3
+    restarts = [l for l in err.splitlines() if f" of {CHAOS_KILLS}: " in l]
+    assert len(restarts) == CHAOS_KILLS and all("killed by SIGKILL" in l for l in restarts), err
+    assert_same_params(params(os.path.join(out, "net.params")), straight_chaos_job)
+    assert read_metrics(out)["status"] == "finished" and len(read_metrics(out)["epochs"]) == CHAOS_EPOCHS
+    assert [n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith(".")] == []
     assert job_processes(job) == []
+    print(f"chaos (seed {CHAOS_SEED}): {len(killed)} workers killed, {len(restarts)} restarts; resumed from:",
+          *[l for l in printed.splitlines() if "resuming from" in l], sep="\n  ")
 
 
 def test_restarts_are_bounded(tmp_path):
@@ -310,7 +352,7 @@ def test_a_worker_s_usage_error_is_not_restarted_and_exits_2():
     proc = run_launch(["-n", "1", "--grace", "2", "--max-restarts", "2", "--", sys.executable, "-m",
                        "gluon_gpu.train", "--epochs", "0"], job)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 2, err
+    assert table_exit("a worker that exits with status 2", proc.returncode), err
     assert "restart" not in err and "--epochs: must be a positive integer" in err
     assert err.strip().splitlines()[-1] == ("gluon_gpu.launch: worker 0 exited with status 2; stopped all 3 "
                                             "processes of the job")
@@ -339,7 +381,7 @@ def test_a_run_continues_mid_epoch_with_another_worker_count(tmp_path):
     assert newest.startswith("epoch-00001-") and batch > 0 and batch % 10 == 0, newest
     resumed = run_launch(["-n", "2", "--"] + LONG + ["--resume", out], uuid.uuid4().hex)
     printed, err = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, err
+    assert table_exit("`--resume` with another worker count", resumed.returncode), err
     assert f"checkpoints/{newest} (epoch 2, batch {batch // 2 + 1})" in printed, printed
     epochs = read_metrics(out)["epochs"]
     assert [e["epoch"] for e in epochs] == [1, 2, 3] and [e.get("workers", 1) for e in epochs] == [1, 2, 2]

@@ -82,3 +82,23 @@ def test_every_path_the_page_names_exists(page):
 def test_the_readme_is_a_front_door():
     with open(os.path.join(REPO, "README.md")) as f:
         assert len(f.read().splitlines()) <= 250
+
+
+def test_every_row_of_the_failure_table_has_a_test_of_its_exit_status():
+    """Walk docs/failure-behaviour.md: each row's fault is named by at least one
+    ``table_exit(fault, status)`` in the tests (which asserts the status the row gives),
+    and each such name picks exactly one row."""
+    import ast
+    from failure_table import row_for, table_rows
+    rows = table_rows()
+    assert len(rows) >= 20 and all(rows.values()), rows
+    checked = {}
+    for path in glob.glob(os.path.join(REPO, "tests", "test_*.py")):
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "table_exit":
+                assert isinstance(node.args[0], ast.Constant), f"{path}:{node.lineno}: name the row as written"
+                fault = node.args[0].value
+                checked.setdefault(row_for(fault, rows), []).append(os.path.basename(path))
+    assert sorted(set(rows) - set(checked)) == [], "rows of the failure table no test checks"

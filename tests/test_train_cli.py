@@ -13,6 +13,7 @@ from gluon_gpu.programs import evaluate, train
 from gluon_gpu.data.fashion_mnist import load_split
 
 from conftest import fashion_transform, read_metrics
+from failure_table import table_exit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--epochs", "1", "--batch-size", "64", "--limit", "12800", "--quiet"]
@@ -197,7 +198,7 @@ def test_nan_loss_stops_names_the_step_and_keeps_last_good_parameters(tmp_path, 
         out = str(tmp_path / interval)
         code = train.main(["--out", out, "--devices", "cpu*2", "--lr", "1e6", "--epochs", "3",
                            "--limit", "2560", "--quiet", "--log-interval", interval])
-        assert code == 2
+        assert table_exit("NaN/inf loss", code)
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "loss became NaN/inf at step " in err, err
         assert "net.params" in err and "lower --lr" in err
@@ -217,7 +218,8 @@ def test_an_exploding_loss_is_a_divergence_not_a_finish(tmp_path, capsys):
     code = train.main(["--out", out, "--devices", "cpu", "--lr", "3", "--epochs", "3", "--limit", "2048",
                        "--quiet", "--log-interval", "2"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and "gluon_gpu.train: error: train-loss exploded to " in err, err
+    assert table_exit("an exploding loss", code) and len(err.splitlines()) == 1, err
+    assert "gluon_gpu.train: error: train-loss exploded to " in err, err
     assert " in epoch 1; kept the parameters of the initialization" in err and "lower --lr" in err
     assert read_metrics(out)["status"] == "diverged"
     assert os.path.isfile(os.path.join(out, "net.params"))

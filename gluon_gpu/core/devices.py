@@ -140,6 +140,13 @@ def thread_settings():
             "cpu_parallel_rand_copy": number("MXNET_CPU_PARALLEL_RAND_COPY", 1)}
 
 
+def thread_variables(omp_threads=0, engine_threads=0):
+    """The variables that start MXNet with ``omp_threads`` OpenMP threads per CPU operator
+    and ``engine_threads`` engine workers per CPU context (0: not set)."""
+    return {THREAD_VARIABLES[name]: str(value) for name, value in
+            (("omp_threads", omp_threads), ("engine_threads", engine_threads)) if value}
+
+
 def require_thread_settings(omp_threads=0, engine_threads=0, restart=False, extra=None):
     """Make this process run with ``omp_threads`` OpenMP threads per CPU operator and
     ``engine_threads`` engine workers per CPU context (0: leave as they are).
@@ -150,9 +157,7 @@ def require_thread_settings(omp_threads=0, engine_threads=0, restart=False, extr
     arguments, with the variables set; a library caller gets a UserError saying what to
     set before starting Python."""
     use_cpu_pools()
-    wanted = {THREAD_VARIABLES[name]: str(value) for name, value in
-              (("omp_threads", omp_threads), ("engine_threads", engine_threads)) if value}
-    wanted.update(extra or {})  # other variables MXNet reads at start (MXNET_CPU_TEMP_COPY)
+    wanted = {**thread_variables(omp_threads, engine_threads), **(extra or {})}  # extra: others MXNet reads at start
     missing = {k: v for k, v in wanted.items() if os.environ.get(k) != v}
     if not missing:
         return

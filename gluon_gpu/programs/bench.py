@@ -30,7 +30,6 @@ from ..core.errors import UserError
 from ..core.files import write_json
 from ..core.walk import descendants
 from ..core.precision import check_precision, precision_for
-from ..models.member_stack import ensemble_variables
 from ..data import load_dataset
 from ..models import get_model
 from ..models.zoo import model_for
@@ -43,8 +42,8 @@ from .train import check_writable
 
 def build_parser():
     p = Parser(prog="gluon_gpu.bench", description=__doc__)
-    add_flags(p, COMMON_FLAGS + ("model", "bucket_mb", "pipeline", "num_workers", "limit", "dtype", "amp",
-                                 "ensemble_layout"),
+    add_flags(p, COMMON_FLAGS + ("model", "bucket_mb", "pipeline", "num_workers", "limit", "val_limit", "dtype",
+                                 "amp", "ensemble_layout"),
               many=("devices", "fused_conv", "ensemble_layout") + bench_variants.PROCESS_WIDE, defaults={"devices": None})
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs per run (the first is reported apart)")
     p.add_argument("--repeats", type=positive_int, default=1, help="runs per spec; medians pool them")
@@ -159,6 +158,7 @@ def time_job(args, workers, out):
     cmd = [sys.executable, "-m", "gluon_gpu.train", "--devices", args.devices[0], "--quiet",
            "--epochs", str(args.epochs), "--batch-size", str(per_worker), "--out", out,
            "--save-period", str(args.epochs)] + (["--limit", str(args.limit)] if args.limit else []) \
+        + (["--val-limit", str(args.val_limit)] if args.val_limit else []) \
         + (["--data-dir", args.data_dir] if args.data_dir else [])
     if workers:
         cmd = [sys.executable, "-m", "gluon_gpu.launch", "-n", str(workers), "-s", "1", "--"] + \
@@ -215,13 +215,12 @@ def main(argv=None):
                 return bench_ensembles.report_ensemble_variants(parser, args, bar)
             return bench_variants.report_variants(parser, args, bar, machine_info())
     require_thread_settings(args.omp_threads[0], args.engine_threads[0], restart=argv is None,
-                            extra=ensemble_variables(max(args.ensemble), args.model, args.fused_conv[0])
-                            if args.ensemble and argv is None else None)
+                            extra=bench_variants.start_variables(args) if argv is None else None)
     if args.ensemble:
         return bench_ensembles.run_ensembles(args, parser)
     if args.workers:
         return run_workers(args)
-    data = load_dataset(data_dir=args.data_dir, limit=args.limit)
+    data = load_dataset(data_dir=args.data_dir, limit=args.limit, val_limit=args.val_limit)
     modes = list(dict.fromkeys(args.fused_conv))
     total = args.epochs * args.repeats * (len(args.devices) * len(modes) + (args.baseline == "tutorial"))
     rows, tutorial = [], None

@@ -14,8 +14,10 @@ import subprocess
 import sys
 
 from ..core.callbacks import save_figure, subplots
+from ..core.devices import thread_variables
 from ..core.errors import UserError
 from ..core.files import write_json
+from ..models.member_stack import ensemble_variables
 from .bench_timing import TIMES, figure, text_table
 
 PROCESS_WIDE = ("dtype", "omp_threads", "engine_threads")
@@ -75,12 +77,21 @@ def child_report(parser, args, what, **values):
     ``args`` (``out`` among them) and return its ``bench.json``; a failed child is a
     UserError naming ``what`` and the child's last line."""
     argv = child_argv(parser, args, **values)
-    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.bench"] + argv, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.bench"] + argv, capture_output=True, text=True,
+                          env={**os.environ, **start_variables(parser.parse_args(argv))})
     if proc.returncode:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise UserError(f"the {what} benchmark failed: {last}")
     with open(os.path.join(values["out"], "bench.json")) as f:
         return json.load(f)
+
+
+def start_variables(args):
+    """The variables MXNet must start with for the bench ``args`` (its thread counts, an
+    ensemble's pool of random states): set for a child before it starts, so that it runs
+    at once instead of re-executing itself to set them (an import of MXNet saved)."""
+    pool = ensemble_variables(max(args.ensemble), args.model, args.fused_conv[0]) if args.ensemble else {}
+    return {**thread_variables(args.omp_threads[0], args.engine_threads[0]), **pool}
 
 
 def label(dtype, threads, workers):
