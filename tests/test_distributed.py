@@ -295,7 +295,7 @@ def straight_chaos_job(request, tmp_path_factory):
     if CHAOS_EPOCHS == 3:
         return request.getfixturevalue("straight_run")
     out = str(tmp_path_factory.mktemp("straight") / "run")
-    proc = run_launch(["-n", "2", "--"] + LONG + ["--epochs", str(CHAOS_EPOCHS), "--out", out], uuid.uuid4().hex)
+    proc = run_launch(["-n", "2", "--"] + LONG[:-2] + ["--epochs", str(CHAOS_EPOCHS), "--out", out], uuid.uuid4().hex)
     assert proc.communicate(timeout=900)[0] is not None and proc.returncode == 0
     return params(os.path.join(out, "net.params"))
 
@@ -308,7 +308,7 @@ def test_chaos_worker_kills_with_max_restarts_end_where_the_straight_job_ends(tm
     no temporary."""
     rng = random.Random(CHAOS_SEED)
     out, job = str(tmp_path / "run"), uuid.uuid4().hex
-    proc = run_launch(["-n", "2", "--grace", "3", "--max-restarts", str(CHAOS_KILLS), "--"] + LONG +
+    proc = run_launch(["-n", "2", "--grace", "3", "--max-restarts", str(CHAOS_KILLS), "--"] + LONG[:-2] +
                       ["--epochs", str(CHAOS_EPOCHS), "--out", out], job)
     killed = []
 
