@@ -89,7 +89,8 @@ from gluon_gpu.programs.run import lr_scheduler  # noqa: E402
 from conftest import read_metrics  # noqa: E402
 from test_checkpoints import REPO, SMALL, assert_same_run, checkpoint_names, start, wait_for  # noqa: E402
 
-FEATURES = ["--accumulate", "3", "--warmup-epochs", "1", "--warmup-lr", "0.01", "--clip-grad", "0.5"]
+FEATURES = ["--accumulate", "3", "--warmup-epochs", "1", "--warmup-lr", "0.01", "--clip-grad", "0.5",
+            "--label-smoothing", "0.1", "--wd", "1e-3", "--no-wd"]
 
 
 @pytest.mark.parametrize("mode", ["constant", "step", "cosine"])
@@ -115,7 +116,7 @@ def test_warmup_is_linear_then_the_schedule_as_without_it(mode):
 
 
 def test_the_new_flags_resume_exactly_from_a_stop_mid_epoch(tmp_path):
-    """Accumulation, warmup and clipping together: a run stopped by SIGINT in epoch 2
+    """Accumulation, warmup, clipping, label smoothing and --no-wd together: a run stopped by SIGINT in epoch 2
     (at an update boundary) and resumed ends with the straight run's parameters."""
     straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
     assert train.main(SMALL + FEATURES + ["--epochs", "3", "--out", straight]) == 0
@@ -306,3 +307,56 @@ def test_logs_of_a_resumed_run_are_those_of_a_straight_one(tmp_path):
     assert [r[3] for r in got] == pytest.approx([r[3] for r in want], rel=1e-4)
     steps = sorted(s for s, _ in read_events(os.path.join(out, "tb"))["step/train_loss"])
     assert steps == sorted(s for s, _ in read_events(os.path.join(straight, "tb"))["step/train_loss"])
+
+
+# -- label smoothing and --no-wd (GluonCV's recipes) ------------------------------------
+def test_label_smoothing_is_the_smoothed_cross_entropy_in_training_only():
+    """The training loss is cross-entropy against 1-EPS+EPS/K on the class and EPS/K on
+    each class; evaluation's loss and every metric keep the labels as they are."""
+    from gluon_gpu.core.heads import Classification, head_for
+    rng = np.random.default_rng(0)
+    logits, labels = rng.normal(0, 3, (6, 10)).astype(np.float32), np.array([0, 3, 9, 1, 1, 5], np.float32)
+    head, plain = Classification(10, label_smoothing=0.1), Classification(10)
+    smoothed, metrics = head.per_sample(mx.nd, mx.nd.array(logits), mx.nd.array(labels), training=True)
+    log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    target = np.full((6, 10), 0.01)
+    target[np.arange(6), labels.astype(int)] = 0.91
+    np.testing.assert_allclose(smoothed.asnumpy(), -(target * log_p).sum(axis=1), rtol=1e-5)
+    for training in (False, True):
+        for a, b in zip(metrics, plain.per_sample(mx.nd, mx.nd.array(logits), mx.nd.array(labels), training)[1]):
+            np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    np.testing.assert_allclose(head.per_sample(mx.nd, mx.nd.array(logits), mx.nd.array(labels))[0].asnumpy(),
+                               -log_p[np.arange(6), labels.astype(int)], rtol=1e-5)
+    with pytest.raises(ValueError, match="classification"):
+        head_for("regress", label_smoothing=0.1)
+
+
+def test_a_smoothed_run_learns_and_its_validation_loss_is_evaluate_s(tmp_path, capsys):
+    """Trained with --label-smoothing 0.1, LeNet learns on a slice, and the run's last
+    validation loss is the plain cross-entropy evaluate reports for its parameters."""
+    out = str(tmp_path / "run")
+    assert train.main(["--devices", "cpu*2", "--limit", "2560", "--batch-size", "64", "--epochs", "3",
+                       "--label-smoothing", "0.1", "--quiet", "--out", out]) == 0
+    last = read_metrics(out)["epochs"][-1]
+    assert last["val_acc"] > 0.6 and read_metrics(out)["config"]["label_smoothing"] == 0.1
+    capsys.readouterr()
+    assert evaluate.main(["--params", os.path.join(out, "net.params"), "--devices", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert float(printed.split("validation loss ")[1].split()[0]) == pytest.approx(last["val_loss"], abs=1e-4)
+
+
+def test_no_wd_takes_biases_and_batchnorm_out_of_weight_decay(tmp_path):
+    """--no-wd: the optimizer decays ResNet-20's convolution and dense weights by --wd,
+    and its biases, BatchNorm gammas and betas not at all."""
+    from gluon_gpu.programs.run import build_run
+    from gluon_gpu.core.devices import parse_devices
+    config = RunConfig(model="cifar_resnet20_v1", devices="cpu", limit=64, val_limit=64, wd=1e-4, no_wd=True,
+                       out=str(tmp_path / "r"))
+    trainer = build_run(config, parse_devices("cpu")).dp.trainer
+    optimizer = trainer._optimizer  # pylint: disable=protected-access
+    decay = {param.name: optimizer._get_wd(i) for i, param in enumerate(trainer._params)}  # noqa
+    spared = {name for name, wd in decay.items() if wd == 0}
+    assert spared == {name for name in decay if name.endswith(("bias", "gamma", "beta"))}
+    assert {name.rsplit("_", 1)[1] for name in spared} == {"bias", "gamma", "beta"}
+    assert all(wd == pytest.approx(1e-4) for name, wd in decay.items() if name not in spared)
+    assert any(name.endswith("weight") for name in decay if name not in spared)

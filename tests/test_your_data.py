@@ -113,6 +113,10 @@ def test_npz_regression_loss_falls_and_reports_mse(tmp_path, capsys):
     assert epochs[-1]["val_mse"] < 0.2 * np.var(y[1600:])
     code, printed, _ = run_cli(evaluate, ["--params", os.path.join(out, "net.params")], capsys)
     assert code == 0 and " mse " in printed and " mae " in printed
+    code, _, err = run_cli(train, ["--dataset", "npz", "--data-dir", path, "--label-smoothing", "0.1",
+                                   "--out", str(tmp_path / "smoothed")] + QUICK, capsys)
+    assert code == 2 and err.strip() == ("gluon_gpu.train: error: --label-smoothing applies to classification; "
+                                         "this data is task regress")
     code, printed, _ = run_cli(predict, ["--params", os.path.join(out, "net.params"), "--npz", path,
                                          "--index", "0:3", "--json"], capsys)
     predictions = [r["prediction"][0] for r in json.loads(printed)]

@@ -58,7 +58,7 @@ def _head_sums(F, head, out, y, k, training, slots=None):
             loss, metrics = head.per_sample(F, head.combine(F, out), first)
             parts = [F.sum(v, axis=0, keepdims=True) for v in [loss] + metrics]
         out, y = F.reshape(out, shape=(-3, -2)), F.reshape(y, shape=(-3, -2))
-    loss, metrics = head.per_sample(F, out, y)
+    loss, metrics = head.per_sample(F, out, y, training)
     sums = [F.sum(F.reshape(v, shape=(-1, k)), axis=0) for v in [loss] + metrics]
     placed = [_in_slots(F, s, k, slots) for s in sums] if slots else sums
     stats = F.concat(*(placed + parts), dim=0)

@@ -35,8 +35,9 @@ class Head:
     def names(self):
         return tuple(self.metrics)
 
-    def per_sample(self, F, out, y):
-        """``(loss (n,), [metric (n,) per name])``."""
+    def per_sample(self, F, out, y, training=False):
+        """``(loss (n,), [metric (n,) per name])``; ``training``: the loss backward starts
+        from, which a head may regularize (Classification's label smoothing)."""
         return self.loss(out, y), [fn(F, out, y) for fn in self.metrics.values()]
 
     def combine(self, F, outs):
@@ -73,7 +74,9 @@ def _mean_softmax(F, outs):
 
 class Classification(Head):
     """Softmax cross-entropy; accuracy, and top-5 accuracy above 5 classes (when the
-    class count is given)."""
+    class count is given). ``label_smoothing`` EPS: training targets 1-EPS+EPS/K on the
+    class and EPS/K on each class (Szegedy et al.; GluonCV's --label-smoothing);
+    evaluation and the metrics keep the labels as they are."""
     task = "classify"
 
     # Guessing uniformly costs ln(classes); a mean cross-entropy 100 times that needs
@@ -81,12 +84,24 @@ class Classification(Head):
     # LeNet: 7719 after one epoch, 1.3e6 after three, accuracy at chance throughout).
     EXPLODED = 100
 
-    def __init__(self, classes=None):
+    def __init__(self, classes=None, label_smoothing=0.0):
         metrics = {"acc": _accuracy}
         if classes and classes > 5:
             metrics["top5"] = _top5
         super().__init__(gluon.loss.SoftmaxCrossEntropyLoss(), metrics, _mean_softmax)
         self.limit = self.EXPLODED * math.log(max(classes or 1000, 2))
+        if label_smoothing and not classes:
+            raise ValueError("label smoothing needs the number of classes")
+        self.classes, self.smoothing = classes, label_smoothing
+        self._soft_loss = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
+
+    def per_sample(self, F, out, y, training=False):
+        loss, metrics = super().per_sample(F, out, y)
+        if training and self.smoothing:
+            spread = self.smoothing / self.classes
+            loss = self._soft_loss(out, F.one_hot(y, depth=self.classes, on_value=1 - self.smoothing + spread,
+                                                  off_value=spread))
+        return loss, metrics
 
     def exploded(self, loss):
         return loss > self.limit
@@ -104,7 +119,9 @@ HEADS = {"classify": Classification, "regress": Regression}  # the tasks by name
 TASKS = tuple(HEADS)
 
 
-def head_for(task, classes=None):
+def head_for(task, classes=None, label_smoothing=0.0):
     if task not in HEADS:
         raise ValueError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
-    return Classification(classes) if task == "classify" else HEADS[task]()
+    if label_smoothing and task != "classify":
+        raise ValueError(f"label smoothing applies to classification, not to task {task}")
+    return Classification(classes, label_smoothing) if task == "classify" else HEADS[task]()

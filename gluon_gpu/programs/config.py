@@ -77,6 +77,11 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     optimizer: str = _flag("sgd", "optimizer", choices=OPTIMIZERS)
     momentum: float = _flag(0.0, "sgd/nag only; below 1", type=below_one)
     wd: float = _flag(0.0, "weight decay", type=non_negative_float)
+    no_wd: bool = _flag(False, "no weight decay on biases and BatchNorm's gamma and beta (GluonCV's --no-wd)",
+                        action="store_true")
+    label_smoothing: float = _flag(0.0, "classification: train on labels smoothed by EPS (1-EPS+EPS/K on the "
+                                   "class, EPS/K on each of the K classes); validation and accuracy use the "
+                                   "labels as they are", type=below_one, metavar="EPS")
     lr_mode: str = _flag("constant", "gluoncv LRScheduler mode, stepped per batch", choices=LR_MODES)
     lr_decay: float = _flag(0.1, "factor at each --lr-decay-epoch", type=positive_float)
     lr_decay_epoch: str = _flag("", "comma-separated epochs for --lr-mode step, e.g. 6,8")
@@ -133,8 +138,9 @@ RESUMABLE = frozenset(f.name for f in fields(RunConfig) if f.metadata["resumable
 GROUPS = {"devices": ("devices", "fused_conv", "omp_threads", "engine_threads", "bucket_mb", "kvstore", "dtype", "amp"),
           "data": ("dataset", "data_dir", "image_size", "task", "limit", "val_limit", "pipeline", "num_workers"),
           "model": ("model", "ensemble", "ensemble_layout", "sync_bn", "hybridize", "seed"),
-          "optimization": ("epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "lr_mode", "lr_decay",
-                           "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate", "clip_grad"),
+          "optimization": ("epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "no_wd", "label_smoothing",
+                           "lr_mode", "lr_decay", "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate",
+                           "clip_grad"),
           "checkpoints": ("out", "save_period", "keep", "monitor", "early_stop"),
           "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}

@@ -1,5 +1,6 @@
 """Assembling a run from a :class:`RunConfig`: data, network, pipelines and the
 DataParallel step. Shared by train (and --resume) and bench."""
+import re
 from dataclasses import dataclass, replace
 
 import mxnet as mx
@@ -59,6 +60,10 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, config.ensemble,
                      config.fused_conv, config.ensemble_layout, config.hybridize,
                      min(config.batch_size, len(data.train_y)))  # the largest batch the data makes
+    if config.label_smoothing and spec.task != "classify":
+        raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
+    if config.no_wd:
+        exclude_from_weight_decay(net)
     layout = pipeline_layout(net, ctx)
     synced = use_sync_batchnorm(net, len(ctx)) if config.sync_bn else 0
     if config.sync_bn:
@@ -70,7 +75,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                                            (data.val_x, data.val_y, False, layout.eval_ctx))]
     updates_per_epoch = -(-len(pipes[0]) // pipes[0].turns // config.accumulate)  # each member's, in turns too
     dp = DataParallel(net, ctx, config.optimizer, optimizer_params(config, updates_per_epoch),
-                      kvstore=store or config.kvstore, head=head_for(spec.task, spec.outputs),
+                      kvstore=store or config.kvstore,
+                      head=head_for(spec.task, spec.outputs, config.label_smoothing),
                       transform=spec.transform(config.ensemble), hybridize=config.hybridize,
                       dtype=config.dtype, amp=config.amp, batch_size=config.batch_size,
                       bucket_bytes=int(config.bucket_mb * 2**20), exchange=exchange,
@@ -83,6 +89,19 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                         f"training samples: every epoch is one update of {len(data.train_y)} samples")
     return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
                tuple(warnings))
+
+
+NO_DECAY = re.compile(r".*(bias|gamma|beta)$")  # GluonCV's --no-wd: biases and BatchNorm's scale and shift
+
+
+def exclude_from_weight_decay(net):
+    """``--no-wd``: weight decay multiplier 0 for ``net``'s biases and BatchNorm gammas
+    and betas (set before the Trainer reads it); the names of those parameters."""
+    params = net.collect_params()
+    names = [name for name in params.keys() if NO_DECAY.match(name)]
+    for name in names:
+        params[name].wd_mult = 0.0
+    return names
 
 
 def _check_sync_bn_batches(samples, global_batch, devices):
