@@ -137,17 +137,39 @@ def test_under_a_memory_cap_a_run_that_cannot_fit_is_refused_before_it_allocates
 def test_the_device_pipeline_s_copies_are_checked_against_the_cap(tmp_path):
     """An npz of 173 MB of float32 images on cpu*8: the device pipeline would copy it to
     each of the eight contexts (1.4 GB more) under a cap that leaves about half that; the
-    refusal says to use the loader pipeline, which then trains under the same cap."""
+    refusal says to use the loader pipeline, which --pipeline auto (the default) then
+    chooses, saying why, and trains under the same cap."""
     rng = np.random.default_rng(0)
     path = str(tmp_path / "big.npz")
     np.savez(path, x_train=rng.random((3000, 1, 120, 120), dtype=np.float32), y_train=rng.integers(0, 2, 3000),
              x_val=rng.random((64, 1, 120, 120), dtype=np.float32), y_val=rng.integers(0, 2, 64))
     common = ["--dataset", "npz", "--data-dir", path, "--devices", "cpu*8", "--model", "mlp"]
-    proc, out = _capped_train(tmp_path, 1200 * MiB, *common)
+    proc, out = _capped_train(tmp_path, 1200 * MiB, *common, "--pipeline", "device")
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = proc.stderr.strip()
     assert len(line.splitlines()) == 1 and "--pipeline device: a copy of 3000 samples on each of 8 device(s)" in line
     assert "use --pipeline loader" in line
-    proc, out = _capped_train(tmp_path, 1200 * MiB, *common, "--pipeline", "loader")
+    proc, out = _capped_train(tmp_path, 1200 * MiB, *common)  # --pipeline auto: the loader, said why
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert os.path.exists(os.path.join(out, "net.params"))
+    plan = proc.stdout.splitlines()[0]
+    assert ", pipeline loader (auto: 8 copies of 168 MiB would not fit in the " in plan, plan
+    assert plan.split(" would not fit in the ")[1].startswith(tuple("0123456789")) and "the host has free)" in plan
+
+
+def test_auto_keeps_the_data_on_the_devices_when_it_fits(tmp_path, capsys):
+    """The default --pipeline auto: FashionMNIST's copies fit, so the data stays on the
+    devices, and the plan line says so with the figures; an ensemble needs the device
+    pipeline whatever the memory."""
+    for flags, said in (([], "pipeline device (auto: 2 copies of "), (["--ensemble", "2"],
+                                                                       "pipeline device (auto: an ensemble needs it)")):
+        assert train.main(["--devices", "cpu*2", "--limit", "512", "--dry-run", "--out", str(tmp_path / "r")]
+                          + flags) == 0
+        plan = capsys.readouterr().out.splitlines()[0]
+        assert said in plan, plan
+    assert "MiB fit in the " in train_plan(tmp_path, capsys)
+
+
+def train_plan(tmp_path, capsys):
+    assert train.main(["--devices", "cpu", "--limit", "512", "--dry-run", "--out", str(tmp_path / "r")]) == 0
+    return capsys.readouterr().out.splitlines()[0]

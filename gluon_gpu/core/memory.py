@@ -78,15 +78,25 @@ def gib(nbytes):
     return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
-def check_fits(needs, what, advice):
-    """Refuse (UserError, one line) before allocating when ``needs``, {device or "host":
-    bytes}, exceeds the free memory; CPU contexts share the host's, so their needs add
-    up. ``what`` says what needs the memory, ``advice`` what to change."""
+def shortfall(needs):
+    """The first memory that ``needs``, {device or "host": bytes}, would overflow, as
+    ``(where, need, free)``; None when all fit. CPU contexts share the host's memory, so
+    their needs add up."""
     totals = {}
     for device, nbytes in needs.items():
         totals[_memory_of(device)] = totals.get(_memory_of(device), 0) + nbytes
     for memory, nbytes in totals.items():
         free = available_bytes(memory)
         if nbytes > free:
-            where = "the host" if memory == "host" else str(memory)
-            raise UserError(f"{what} needs about {gib(nbytes)}, and {where} has {gib(free)} free; {advice}")
+            return ("the host" if memory == "host" else str(memory)), nbytes, free
+    return None
+
+
+def check_fits(needs, what, advice):
+    """Refuse (UserError, one line) before allocating when ``needs`` (see
+    :func:`shortfall`) exceed the free memory. ``what`` says what needs the memory,
+    ``advice`` what to change."""
+    short = shortfall(needs)
+    if short:
+        where, nbytes, free = short
+        raise UserError(f"{what} needs about {gib(nbytes)}, and {where} has {gib(free)} free; {advice}")

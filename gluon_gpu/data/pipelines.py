@@ -15,7 +15,7 @@ from mxnet import gluon, nd
 
 from ..core.devices import shard_bounds
 from ..core.errors import UserError
-from ..core.memory import check_fits
+from ..core.memory import available_bytes, check_fits, gib, shortfall
 
 
 def epoch_order(n, seed, epoch, shuffle=True):
@@ -53,7 +53,7 @@ class DevicePipeline:
                 raise UserError(f"{len(inputs)} samples do not fill one global batch of "
                                 f"{batch_size} x {self.workers} workers")
         dtype = "uint8" if inputs.dtype == np.uint8 else "float32"
-        copy = inputs.size * np.dtype(dtype).itemsize + targets.size * 4
+        copy = device_copy_bytes(inputs, targets)
         check_fits({c: copy for c in dict.fromkeys(self.ctx)},
                    f"`pipeline` device: a copy of {len(inputs)} samples on each of {len(set(self.ctx))} device(s)",
                    "use `pipeline` loader, which keeps one copy on the host, or fewer samples (`limit`)")
@@ -144,12 +144,44 @@ def _start_loader(dataset, sampler, num_workers):
     return gluon.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
 
 
-PIPELINES = ("device", "loader")
+PIPELINES = ("auto", "device", "loader")
+
+
+def device_copy_bytes(inputs, targets):
+    """The bytes one device's copy of ``inputs`` and ``targets`` takes in the device
+    pipeline (uint8 images stay uint8, the rest is float32)."""
+    return inputs.size * (1 if inputs.dtype == np.uint8 else 4) + targets.size * 4
+
+
+def choose_pipeline(kind, copy_bytes, ctx, device_only=None):
+    """``(pipeline, why)`` for the ``pipeline`` flag ``kind``: ``auto`` keeps the data on
+    the devices when a copy of ``copy_bytes`` per device of ``ctx`` fits in the memory
+    this process may use (core.memory: the cgroup's limit counts), and reads batches from
+    one host copy (``loader``) when it does not; ``device_only``: why nothing but the
+    device pipeline will do (an ensemble, a distributed job)."""
+    if kind != "auto":
+        return kind, ""
+    if device_only:
+        return "device", f"auto: {device_only}"
+    devices = list(dict.fromkeys(ctx))
+    copies = f"{len(devices)} cop{'y' if len(devices) == 1 else 'ies'} of {gib(copy_bytes)}"
+    short = shortfall({device: copy_bytes for device in devices})
+    if short:
+        where, _, free = short
+        return "loader", f"auto: {copies} would not fit in the {gib(free)} {where} has free"
+    return "device", f"auto: {copies} fit in the {gib(available_bytes(devices[0]))} free"
+
+
+def device_only(members, shard):
+    """Why a run can use the device pipeline only, or None."""
+    return "an ensemble needs it" if members > 1 else "a distributed job needs it" if shard[1] > 1 else None
 
 
 def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
                   members=1, shard=(0, 1), member_groups=None, in_turns=False):
-    """The ``kind`` pipeline over arrays ``inputs`` and ``targets``."""
+    """The ``kind`` pipeline over arrays ``inputs`` and ``targets`` (``auto``: see
+    :func:`choose_pipeline`)."""
+    kind, _ = choose_pipeline(kind, device_copy_bytes(inputs, targets), ctx, device_only(members, shard))
     if kind == "loader":
         if members > 1:
             raise UserError("`ensemble` needs `pipeline` device")

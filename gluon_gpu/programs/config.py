@@ -61,8 +61,9 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                 choices=TASKS)
     limit: Optional[int] = _flag(None, "use only the first N training samples", type=positive_int)
     val_limit: Optional[int] = _flag(None, "validate on only the first N validation samples", type=positive_int)
-    pipeline: str = _flag("device", "device: data on the devices, batches by index; loader: Gluon "
-                          "DataLoader", choices=PIPELINES)
+    pipeline: str = _flag("auto", "device: data on the devices, batches by index; loader: Gluon DataLoader "
+                          "over one host copy; auto: device when a copy per device fits in the memory this "
+                          "process may use, else loader", choices=PIPELINES)
     # the model and its training
     model: str = _flag("auto", "auto (lenet for images, mlp for feature vectors), "
                        + ", ".join(f"{name} ({kind.what})" for name, kind in MODELS.items())

@@ -42,7 +42,7 @@ def plan_line(config, run, ctx, out, dry_run=False):
             f"({batch_plan(dp, run.train, config.batch_size, ctx)}) | "
             f"{spec.dataset} "
             f"{'x'.join(map(str, spec.input_shape))}, {task}, {run.train.n} samples ({run.val.n} to validate) "
-            f"from {spec.source} | out {out}{' (dry run: not created)' if dry_run else ''}")
+            f"from {spec.source}, {run.pipeline} | out {out}{' (dry run: not created)' if dry_run else ''}")
 
 
 def batch_plan(dp, pipeline, batch_size, ctx):

@@ -11,6 +11,7 @@ from ..core.kvstores import check_options
 from ..core.parallel import DataParallel
 from ..core.precision import check_precision, precision_for
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
+from ..data.pipelines import choose_pipeline, device_copy_bytes, device_only
 from ..models import init_model
 from ..models.member_stack import pipeline_layout
 from ..models.sync_bn import use_sync_batchnorm
@@ -27,6 +28,7 @@ class Run:
     val: object
     data: Dataset
     warnings: tuple = ()  # one line each, for the person starting the run
+    pipeline: str = ""  # the input pipeline, and why when --pipeline auto chose it
 
 
 def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, saved_spec=None):
@@ -68,7 +70,10 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     synced = use_sync_batchnorm(net, len(ctx)) if config.sync_bn else 0
     if config.sync_bn:
         _check_sync_bn_batches(len(data.train_y), config.batch_size * shard[1], len(ctx))
-    pipes = [make_pipeline(config.pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train,
+    pipeline, why = choose_pipeline(config.pipeline, sum(device_copy_bytes(x, y) for x, y in (
+        (data.train_x, data.train_y), (data.val_x, data.val_y))), layout.train_ctx,
+        device_only(config.ensemble, shard))
+    pipes = [make_pipeline(pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train,
                            num_workers=config.num_workers, members=config.ensemble, shard=shard if train else (0, 1),
                            member_groups=layout.member_groups if train else None, in_turns=train and layout.in_turns)
              for x, y, train, pipe_ctx in ((data.train_x, data.train_y, True, layout.train_ctx),
@@ -88,7 +93,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         warnings.append(f"`batch_size` {config.batch_size * shard[1]} is larger than the {len(data.train_y)} "
                         f"training samples: every epoch is one update of {len(data.train_y)} samples")
     return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
-               tuple(warnings))
+               tuple(warnings), f"pipeline {pipeline}" + (f" ({why})" if why else ""))
 
 
 NO_DECAY = re.compile(r".*(bias|gamma|beta)$")  # GluonCV's --no-wd: biases and BatchNorm's scale and shift
