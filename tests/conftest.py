@@ -30,6 +30,15 @@ def fashion_transform(members=1):
     return fashion_spec().transform(members)
 
 
+def trained_run(tmp_path_factory, args, folder="run", leaf="run"):
+    """A run of ``train`` with ``args`` trained to its end in a fresh folder, for module
+    fixtures: its path."""
+    from gluon_gpu.programs import train
+    out = str(tmp_path_factory.mktemp(folder) / leaf)
+    assert train.main(args + ["--out", out]) == 0
+    return out
+
+
 def read_metrics(out):
     with open(os.path.join(out, "metrics.json")) as f:
         return json.load(f)

@@ -15,6 +15,7 @@ from gluon_gpu.programs import evaluate, predict, train
 from gluon_gpu.data.fashion_mnist import DEBIAN_DIR, FILES
 from gluon_gpu.models import get_model
 
+from conftest import trained_run
 from failure_table import table_exit
 
 TEST_IMAGES = os.path.join(DEBIAN_DIR, "t10k-images-idx3-ubyte.gz")
@@ -22,9 +23,7 @@ TEST_IMAGES = os.path.join(DEBIAN_DIR, "t10k-images-idx3-ubyte.gz")
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("run") / "run")
-    assert train.main(["--devices", "cpu", "--epochs", "2", "--limit", "2560", "--quiet", "--out", out]) == 0
-    return out
+    return trained_run(tmp_path_factory, ["--devices", "cpu", "--epochs", "2", "--limit", "2560", "--quiet"])
 
 
 def snapshot(directory):

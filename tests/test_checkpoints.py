@@ -14,7 +14,7 @@ import pytest
 from gluon_gpu.programs import train
 from gluon_gpu.core.checkpoint import latest_checkpoint
 
-from conftest import read_metrics
+from conftest import read_metrics, trained_run
 from failure_table import table_exit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,9 +44,7 @@ def assert_same_run(a, b):
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """The reference: 4 epochs in one go."""
-    out = str(tmp_path_factory.mktemp("straight") / "run")
-    assert train.main(SMALL + ["--epochs", "4", "--out", out]) == 0
-    return out
+    return trained_run(tmp_path_factory, SMALL + ["--epochs", "4"], "straight")
 
 
 def test_stop_and_resume_equals_straight_training(straight, tmp_path):
@@ -147,20 +145,21 @@ def wait_for(predicate, timeout=120):
     raise AssertionError("timed out")
 
 
-def cpu_seconds(proc):
-    """CPU time the process has used: progress to wait on (not wall time)."""
+def cpu_seconds(pid):
+    """CPU time process ``pid`` has used, None once it is gone: progress to wait on (not
+    wall time)."""
     try:
-        with open(f"/proc/{proc.pid}/stat") as f:
+        with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
+        return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def let_it_work(proc, seconds):
     """Wait until the process has computed ``seconds`` more CPU time."""
-    target = cpu_seconds(proc) + seconds
-    wait_for(lambda: cpu_seconds(proc) >= target or proc.poll() is not None)
+    target = (cpu_seconds(proc.pid) or 0.0) + seconds
+    wait_for(lambda: (cpu_seconds(proc.pid) or 0.0) >= target or proc.poll() is not None)
 
 
 def checkpoint_names(out, hidden=False):
@@ -176,9 +175,7 @@ LONGER = SMALL + ["--limit", "12800", "--epochs", "2"]  # 200 batches an epoch
 
 @pytest.fixture(scope="module")
 def straight_longer(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("straight") / "run")
-    assert train.main(LONGER + ["--out", out]) == 0
-    return out
+    return trained_run(tmp_path_factory, LONGER, "straight")
 
 
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -214,9 +211,7 @@ CHAOS = SMALL + ["--limit", "3200", "--val-limit", "500", "--epochs", str(2 * CH
 
 @pytest.fixture(scope="module")
 def straight_chaos(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("straight") / "run")
-    assert train.main(CHAOS + ["--out", out]) == 0
-    return out
+    return trained_run(tmp_path_factory, CHAOS, "straight")
 
 
 def test_chaos_kills_in_a_row_end_where_a_straight_run_ends(straight_chaos, tmp_path):

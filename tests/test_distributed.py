@@ -15,7 +15,7 @@ import pytest
 from gluon_gpu.programs import launch, remote_role, resume, train
 
 from conftest import read_metrics
-from test_checkpoints import CHAOS_KILLS, CHAOS_SEED
+from test_checkpoints import CHAOS_KILLS, CHAOS_SEED, cpu_seconds
 from failure_table import table_exit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -276,16 +276,6 @@ def test_sigterm_to_the_launcher_checkpoints_the_partial_epoch_and_exits_143(tmp
     assert_same_params(params(os.path.join(out, "net.params")), straight_run)
 
 
-def cpu_seconds_of(pid):
-    """CPU time process ``pid`` has used (None once it is gone): progress to wait on."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 CHAOS_EPOCHS = max(3, CHAOS_KILLS // 2)  # enough work that no kill comes after the end
 
 
@@ -317,8 +307,8 @@ def test_chaos_worker_kills_with_max_restarts_end_where_the_straight_job_ends(tm
     for _ in range(CHAOS_KILLS):
         wait_until(lambda: len(workers()) == 2, proc, "the job's two workers")
         victim = rng.choice(workers())
-        target = cpu_seconds_of(victim) + rng.uniform(0.3, 4.0)  # start-up takes about 2.5 CPU s
-        wait_until(lambda: (cpu_seconds_of(victim) or target) >= target, proc, "the victim's work")
+        target = cpu_seconds(victim) + rng.uniform(0.3, 4.0)  # start-up takes about 2.5 CPU s
+        wait_until(lambda: (cpu_seconds(victim) or target) >= target, proc, "the victim's work")
         os.kill(victim, signal.SIGKILL)
         killed.append(victim)
     printed, err = proc.communicate(timeout=600)

@@ -12,7 +12,7 @@ import pytest
 
 from gluon_gpu.programs import evaluate, predict, train
 
-from conftest import read_metrics
+from conftest import read_metrics, trained_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = ("train", "evaluate", "predict", "bench", "launch")
@@ -21,9 +21,7 @@ SHORT = ["--devices", "cpu", "--epochs", "2", "--limit", "1024", "--val-limit", 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("run") / "out")
-    assert train.main(SHORT + ["--out", out]) == 0
-    return out
+    return trained_run(tmp_path_factory, SHORT, leaf="out")
 
 
 def test_a_finished_run_folder_holds_its_log_and_no_lock(finished, capsys):

@@ -10,6 +10,7 @@ from ..core.heads import TASKS
 from ..core.memory import check_fits
 from .spec import DataSpec, channel_stats, input_scale
 
+NPZ_ARRAYS = ("x_train", "y_train", "x_val", "y_val")  # what an npz dataset holds
 MAX_CLASSES = 2 ** 20  # far above any real label set (ImageNet-21k: 21,841), far below 10**9
 
 
@@ -133,13 +134,13 @@ def read_npz(path, image_size=None, task=None):
         raise DataError("`image_size` applies to image folders, not to an npz")
     try:
         with np.load(path, allow_pickle=False) as f:
-            missing = [k for k in ("x_train", "y_train", "x_val", "y_val") if k not in f.files]
+            missing = [k for k in NPZ_ARRAYS if k not in f.files]
             if missing:
                 raise DataError(f"{path} lacks {', '.join(missing)} (it has {', '.join(f.files) or 'nothing'})")
             sizes = {info.filename: info.file_size for info in f.zip.infolist()}
-            check_fits({"host": sum(sizes.get(f"{k}.npy", 0) for k in ("x_train", "y_train", "x_val", "y_val"))},
+            check_fits({"host": sum(sizes.get(f"{k}.npy", 0) for k in NPZ_ARRAYS)},
                        f"loading the arrays of {path}", "train on a smaller file")
-            arrays = [f[k] for k in ("x_train", "y_train", "x_val", "y_val")]
+            arrays = [f[k] for k in NPZ_ARRAYS]
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise DataError(f"cannot read {path} as .npz: {e or type(e).__name__}") from None
     return from_arrays(*arrays, task=task, dataset="npz", source=path)

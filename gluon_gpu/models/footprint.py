@@ -71,9 +71,6 @@ def check_training_memory(make_net, input_shape, devices, batch_size, name):
     memory."""
     params, activations = footprint(make_net, input_shape, name)
     share = -(-batch_size // len(devices))
-    needs = {}
-    for device in devices:
-        needs[device] = needs.get(device, 0) + training_bytes(params, activations, 1, share)
-    check_fits(needs, f"`model` {name} on inputs of {'x'.join(map(str, input_shape))} with batches of {batch_size} "
+    check_fits({device: training_bytes(params, activations, 1, share) for device in devices}, f"`model` {name} on inputs of {'x'.join(map(str, input_shape))} with batches of {batch_size} "
                f"samples ({gib(training_bytes(params, activations, 0, 1))} of activations a sample)",
                "choose a smaller `batch_size` or `image_size`")

@@ -66,7 +66,7 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                           "process may use, else loader", choices=PIPELINES)
     # the model and its training
     model: str = _flag("auto", "auto (lenet for images, mlp for feature vectors), "
-                       + ", ".join(f"{name} ({kind.what})" for name, kind in MODELS.items())
+                       + _choices_help({name: kind.what for name, kind in MODELS.items()})
                        + ", or a gluoncv zoo classifier (" + ", ".join(ZOO_EXAMPLES[:3]) + ", ...)")
     ensemble: int = _flag(1, "train K independent copies of the model at once (seed-parallel); member k "
                           "is the model --seed seed+k trains alone", type=positive_int, metavar="K")

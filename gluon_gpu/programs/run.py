@@ -101,12 +101,10 @@ NO_DECAY = re.compile(r".*(bias|gamma|beta)$")  # GluonCV's --no-wd: biases and 
 
 def exclude_from_weight_decay(net):
     """``--no-wd``: weight decay multiplier 0 for ``net``'s biases and BatchNorm gammas
-    and betas (set before the Trainer reads it); the names of those parameters."""
-    params = net.collect_params()
-    names = [name for name in params.keys() if NO_DECAY.match(name)]
-    for name in names:
-        params[name].wd_mult = 0.0
-    return names
+    and betas (set before the Trainer reads it)."""
+    for name, param in net.collect_params().items():
+        if NO_DECAY.match(name):
+            param.wd_mult = 0.0
 
 
 def _check_sync_bn_batches(samples, global_batch, devices):
