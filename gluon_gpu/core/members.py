@@ -99,3 +99,10 @@ class MemberTrainer(gluon.Trainer):
     def _init_kvstore(self):
         self._kvstore, self._update_on_kvstore, self._distributed = None, False, False
         self._kv_initialized = True
+
+
+def trainer_for(net, optimizer, params, kvstore, update_on_kvstore):
+    """The Trainer of ``net``: a MemberTrainer for placed members, else Gluon's own."""
+    if isinstance(net, PlacedMembers):
+        return MemberTrainer(net.nets, optimizer, params, kvstore=kvstore, update_on_kvstore=update_on_kvstore)
+    return gluon.Trainer(net.collect_params(), optimizer, params, kvstore=kvstore, update_on_kvstore=update_on_kvstore)

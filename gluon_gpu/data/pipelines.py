@@ -7,6 +7,10 @@
 * :class:`LoaderPipeline` (``--pipeline loader``): Gluon's ``DataLoader`` over any
   ``gluon.data.Dataset``, host batches the step cuts over the devices, the same
   in-graph transform. For the rest.
+
+With ``augment`` (on-device augmentation, augment.py) both yield a third list: each
+sample's row of augmentation parameters from ``augment.table`` (a function of seed,
+epoch and sample), cut as the data.
 """
 import multiprocessing.util
 
@@ -41,7 +45,10 @@ class DevicePipeline:
     """
 
     def __init__(self, inputs, targets, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1),
-                 member_groups=None, in_turns=False):
+                 member_groups=None, in_turns=False, augment=None):
+        if augment is not None and members > 1:
+            raise UserError("`augment` does not apply to an `ensemble` yet")
+        self.augment = augment
         self.n, self.batch_size, self.ctx = len(inputs), batch_size, list(ctx)
         self.seed, self.shuffle, self.members = seed, shuffle, members
         self.member_groups = member_groups
@@ -79,6 +86,8 @@ class DevicePipeline:
             order = order[:, 0]
         # The epoch's order goes to every device once; a batch is then views of it: no copy per batch.
         on_device = {c: nd.array(order, ctx=c, dtype="int32") for c in dict.fromkeys(self.ctx)}
+        table = self.augment.table(total, self.seed, epoch) if self.augment is not None else None
+        augmentation = {c: nd.array(table, ctx=c) for c in dict.fromkeys(self.ctx)} if table is not None else {}
         step = self.batch_size * self.workers
         per_turn = len(self) // self.turns
         for position in range(start_batch, len(self)):
@@ -91,8 +100,9 @@ class DevicePipeline:
             else:
                 shards = [on_device[c][lo + a:lo + b]
                           for (a, b), c in zip(shard_bounds(hi - lo, len(self.ctx)), self.ctx)]
-            yield ([None if i is None else x.take(i) for x, i in zip(self._inputs, shards)],
-                   [None if i is None else y.take(i) for y, i in zip(self._targets, shards)])
+            batch = ([None if i is None else x.take(i) for x, i in zip(self._inputs, shards)],
+                     [None if i is None else y.take(i) for y, i in zip(self._targets, shards)])
+            yield batch + ([augmentation[c].take(i) for c, i in zip(self.ctx, shards)],) if augmentation else batch
 
 
 class _EpochSampler(gluon.data.Sampler):
@@ -121,8 +131,8 @@ class LoaderPipeline:
 
     turns = 1
 
-    def __init__(self, dataset, batch_size, seed=0, shuffle=True, num_workers=0):
-        self.n = len(dataset)
+    def __init__(self, dataset, batch_size, seed=0, shuffle=True, num_workers=0, augment=None):
+        self.n, self.augment = len(dataset), augment
         self._sampler = _EpochSampler(self.n, batch_size, seed, shuffle)
         self._loader = _start_loader(dataset, self._sampler, num_workers)
 
@@ -131,7 +141,10 @@ class LoaderPipeline:
 
     def epoch(self, epoch, start_batch=0):
         self._sampler.set_epoch(epoch, start_batch)
-        return iter(self._loader)
+        if self.augment is None:
+            return iter(self._loader)
+        table = self.augment.table(self.n, self._sampler.seed, epoch)
+        return ((x, y, nd.array(table[indices])) for (x, y), indices in zip(self._loader, self._sampler))
 
 
 def _start_loader(dataset, sampler, num_workers):
@@ -178,9 +191,9 @@ def device_only(members, shard):
 
 
 def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
-                  members=1, shard=(0, 1), member_groups=None, in_turns=False):
+                  members=1, shard=(0, 1), member_groups=None, in_turns=False, augment=None):
     """The ``kind`` pipeline over arrays ``inputs`` and ``targets`` (``auto``: see
-    :func:`choose_pipeline`)."""
+    :func:`choose_pipeline`); ``augment``: its batches carry that augmentation's parameters."""
     kind, _ = choose_pipeline(kind, device_copy_bytes(inputs, targets), ctx, device_only(members, shard))
     if kind == "loader":
         if members > 1:
@@ -188,5 +201,6 @@ def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, 
         if shard[1] > 1:
             raise UserError("a distributed kvstore needs `pipeline` device")
         dataset = gluon.data.ArrayDataset(inputs, targets.astype(np.float32))
-        return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers)
-    return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard, member_groups, in_turns)
+        return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers, augment)
+    return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard, member_groups, in_turns,
+                          augment)

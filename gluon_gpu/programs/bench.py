@@ -4,7 +4,9 @@ For each ``--devices`` spec it trains ``--epochs`` epochs ``--repeats`` times an
 the first epoch apart (it includes graph building), the median of the others, samples/s,
 speedup over the first spec and scaling efficiency (speedup / device count). With several
 ``--fused-conv`` modes (``--fused-conv auto off``) every spec runs in each, speedups
-counted within a mode, so the fused operator's gain is measured side by side. With
+counted within a mode, so the fused operator's gain is measured side by side; with
+several ``--augment`` settings (``--augment none basic``) likewise, each row then also
+giving its epoch time against the first setting's on the same spec. With
 ``--baseline tutorial`` the MXNet tutorial's loop is timed in the same invocation and
 every spec gets the ratio tutorial epoch / our epoch. Writes a table to stdout,
 ``OUT/bench.json`` and ``OUT/scaling.png``. Any ``--model``: the baseline is then the
@@ -43,8 +45,9 @@ from .train import check_writable
 def build_parser():
     p = Parser(prog="gluon_gpu.bench", description=__doc__)
     add_flags(p, COMMON_FLAGS + ("model", "bucket_mb", "pipeline", "num_workers", "limit", "val_limit", "dtype",
-                                 "amp", "ensemble_layout"),
-              many=("devices", "fused_conv", "ensemble_layout") + bench_variants.PROCESS_WIDE, defaults={"devices": None})
+                                 "amp", "ensemble_layout", "augment"),
+              many=("devices", "fused_conv", "ensemble_layout", "augment") + bench_variants.PROCESS_WIDE,
+              defaults={"devices": None, "augment": "none"})
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs per run (the first is reported apart)")
     p.add_argument("--repeats", type=positive_int, default=1, help="runs per spec; medians pool them")
     p.add_argument("--baseline", choices=("tutorial", "none"), default="tutorial",
@@ -221,21 +224,26 @@ def main(argv=None):
     if args.workers:
         return run_workers(args)
     data = load_dataset(data_dir=args.data_dir, limit=args.limit, val_limit=args.val_limit)
-    modes = list(dict.fromkeys(args.fused_conv))
-    total = args.epochs * args.repeats * (len(args.devices) * len(modes) + (args.baseline == "tutorial"))
+    modes, augments = list(dict.fromkeys(args.fused_conv)), list(dict.fromkeys(args.augment))
+    total = args.epochs * args.repeats * (len(args.devices) * len(modes) * len(augments)
+                                          + (args.baseline == "tutorial"))
     rows, tutorial = [], None
     with tqdm(total=total, desc="bench", unit="epoch", disable=not progress_enabled(args)) as bar:
         for mode in modes:
-            for spec in args.devices:
-                runs, info = time_ours(args, spec, bar, data, fused_conv=mode)
-                name = spec if len(modes) == 1 else f"{spec} {'fused' if info['fused_conv'] else 'unfused'}"
-                rows.append({**summarize(name, runs, info["samples"], info["devices"]), "spec": spec,
-                             "fused_conv_mode": mode, "fused_conv": info["fused_conv"]})
+            for augment in augments:
+                for spec in args.devices:
+                    runs, info = time_ours(args, spec, bar, data, fused_conv=mode, augment=augment)
+                    name = spec if len(modes) == 1 else f"{spec} {'fused' if info['fused_conv'] else 'unfused'}"
+                    name += f" {augment}" if len(augments) > 1 else ""
+                    rows.append({**summarize(name, runs, info["samples"], info["devices"]), "spec": spec,
+                                 "fused_conv_mode": mode, "fused_conv": info["fused_conv"], "augment": augment})
         if args.baseline == "tutorial":
             tutorial = summarize(args.devices[0], time_tutorial(args, data, bar), len(data.train_x),
                                  len(parse_devices(args.devices[0])))
-    for r in rows:  # speedup and efficiency against the first spec in the same mode
-        base = next(b for b in rows if b["fused_conv_mode"] == r["fused_conv_mode"])
+    for r in rows:  # speedup and efficiency against the first spec in the same mode and augmentation
+        base = next(b for b in rows if (b["fused_conv_mode"], b["augment"]) == (r["fused_conv_mode"], r["augment"]))
+        plain = next(b for b in rows if (b["fused_conv_mode"], b["spec"]) == (r["fused_conv_mode"], r["spec"]))
+        r["augment_cost"] = r["median_epoch_s"] / plain["median_epoch_s"] - 1  # against the first --augment
         r["speedup"] = base["median_epoch_s"] / r["median_epoch_s"]
         r["efficiency"] = r["speedup"] / (r["devices"] / base["devices"])
         if tutorial:
@@ -262,6 +270,9 @@ def main(argv=None):
           + ", ".join(f"{g:.1f} GFLOP/s per {kind} device" for kind, g in gflops.items())
           + " (1024^2 matmul) / devices computing at once; "
           + ", ".join(f"{r['name']} reaches {r['of_floor']:.0%} of its floor ({r['floor_s']:.2f} s)" for r in rows))
+    if len(augments) > 1:
+        print("augmentation: median epoch against the same spec with --augment " + augments[0] + ": "
+              + ", ".join(f"{r['name']} {r['augment_cost']:+.1%}" for r in rows if r["augment"] != augments[0]))
     print(f"peak RSS: {rss:.0f} MiB (largest DataLoader worker: {child_rss:.0f} MiB)")
     report = {"config": {k: v for k, v in vars(args).items()}, "machine": machine_info(),
               "results": rows, "tutorial": tutorial,

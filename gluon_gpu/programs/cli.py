@@ -1,6 +1,7 @@
 """What every command line shares: common flags, value checks, and turning UserError
 into one line on stderr with exit status 2."""
 import argparse
+import copy
 import functools
 import re
 import shlex
@@ -120,6 +121,14 @@ def parse_args(p, argv=None):
     from ..core.devices import require_thread_settings
     require_thread_settings(args.omp_threads, args.engine_threads, restart=argv is None)
     return args
+
+
+def explicit_flags(parser, argv):
+    """The destinations the user actually typed on ``parser``'s command line (not defaults)."""
+    probe = copy.deepcopy(parser)
+    for action in probe._actions:  # pylint: disable=protected-access
+        action.default = argparse.SUPPRESS
+    return vars(probe.parse_args(argv))
 
 
 def command(program, *args):

@@ -11,6 +11,7 @@ from ..core.heads import TASKS
 from ..core.kvstores import KVSTORES
 from ..core.precision import DTYPES
 from ..data import DATASETS, PIPELINES
+from ..data.augment import augment_help
 from ..models.fused_conv import MODES
 from ..models.member_stack import LAYOUTS
 from ..models.zoo import MODELS, ZOO_EXAMPLES
@@ -83,6 +84,10 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     label_smoothing: float = _flag(0.0, "classification: train on labels smoothed by EPS (1-EPS+EPS/K on the "
                                    "class, EPS/K on each of the K classes); validation and accuracy use the "
                                    "labels as they are", type=below_one, metavar="EPS")
+    augment: str = _flag("", augment_help(), metavar="LIST")
+    recipe: Optional[str] = _flag(None, "a named bundle of training flags (--recipe list shows them with "
+                                  "their measured results); flags given beside it override its own",
+                                  metavar="NAME")
     lr_mode: str = _flag("constant", "gluoncv LRScheduler mode, stepped per batch", choices=LR_MODES)
     lr_decay: float = _flag(0.1, "factor at each --lr-decay-epoch", type=positive_float)
     lr_decay_epoch: str = _flag("", "comma-separated epochs for --lr-mode step, e.g. 6,8")
@@ -139,9 +144,9 @@ RESUMABLE = frozenset(f.name for f in fields(RunConfig) if f.metadata["resumable
 GROUPS = {"devices": ("devices", "fused_conv", "omp_threads", "engine_threads", "bucket_mb", "kvstore", "dtype", "amp"),
           "data": ("dataset", "data_dir", "image_size", "task", "limit", "val_limit", "pipeline", "num_workers"),
           "model": ("model", "ensemble", "ensemble_layout", "sync_bn", "hybridize", "seed"),
-          "optimization": ("epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "no_wd", "label_smoothing",
-                           "lr_mode", "lr_decay", "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate",
-                           "clip_grad"),
+          "optimization": ("recipe", "epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "no_wd",
+                           "label_smoothing", "augment", "lr_mode", "lr_decay", "lr_decay_epoch", "warmup_epochs",
+                           "warmup_lr", "accumulate", "clip_grad"),
           "checkpoints": ("out", "save_period", "keep", "monitor", "early_stop"),
           "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
@@ -168,5 +173,5 @@ def add_flags(parser, names=ALL_FLAGS, many=(), defaults=None):
         if name in many:
             meta["nargs"] = "+"
             default = None if default is None else [default]
-        parser.group(GROUP_OF[name]).add_argument(flag_name(name), dest=name, default=default,
-                                                  help=f.metadata["help"], **meta)
+        help_text = f.metadata["help"].replace("%", "%%")  # argparse %-formats help
+        parser.group(GROUP_OF[name]).add_argument(flag_name(name), dest=name, default=default, help=help_text, **meta)

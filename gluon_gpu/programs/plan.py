@@ -5,6 +5,7 @@ from ..core.devices import describe, thread_settings
 from ..core.kvstores import default_kvstore
 from ..models.fused_conv import is_fused
 from ..models.init import ensemble_layout
+from .recipes import spelled
 
 
 def exchange_plan(dp, config, ctx):
@@ -37,12 +38,15 @@ def plan_line(config, run, ctx, out, dry_run=False):
     workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
     spec = run.data.spec
     task = (f"{len(spec.classes)} classes" if spec.task == "classify" else f"regression of {spec.outputs}")
+    augment = f", augment {run.augment}" if run.augment else ""
+    recipe = f"recipe {config.recipe}: {spelled(config)} | " if config.recipe else ""
+    dry = " (dry run: not created)" if dry_run else ""
     return (f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers}{cpu_threads(ctx)} | "
             f"{exchange_plan(dp, config, ctx)} | batch {config.batch_size} "
             f"({batch_plan(dp, run.train, config.batch_size, ctx)}) | "
             f"{spec.dataset} "
             f"{'x'.join(map(str, spec.input_shape))}, {task}, {run.train.n} samples ({run.val.n} to validate) "
-            f"from {spec.source}, {run.pipeline} | out {out}{' (dry run: not created)' if dry_run else ''}")
+            f"from {spec.source}, {run.pipeline}{augment} | {recipe}out {out}{dry}")
 
 
 def batch_plan(dp, pipeline, batch_size, ctx):

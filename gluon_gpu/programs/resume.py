@@ -2,8 +2,6 @@
 the checkpoints a run writes as it trains (Checkpointer), and the point it resumes from
 (the most advanced checkpoint that loads, at the same sample position whatever the
 worker count)."""
-import argparse
-import copy
 import pickle
 import sys
 from dataclasses import replace
@@ -15,16 +13,9 @@ from ..core.checkpoint import checkpoints, complete_checkpoints, latest_checkpoi
 from ..core.errors import UserError
 from ..core.params import last_line
 from ..models.loading import adapt_keys
+from .cli import explicit_flags
 from .config import EPOCH_SHAPED_LR, RESUMABLE, RunConfig, flag_name
 from .run_callbacks import early_stopping
-
-
-def explicit_flags(parser, argv):
-    """The destinations the user actually typed on ``parser``'s command line (not defaults)."""
-    probe = copy.deepcopy(parser)
-    for action in probe._actions:  # pylint: disable=protected-access
-        action.default = argparse.SUPPRESS
-    return vars(probe.parse_args(argv))
 
 
 def resume_config(parser, argv, run_dir):

@@ -22,10 +22,11 @@ from ..models.fused_conv import is_fused
 from ..models.init import ensemble_engine_workers
 from ..models.member_stack import ensemble_variables
 from ..models.sync_bn import sync_bn_variables
-from .cli import Parser, as_flags, command, main_guard, parse_args, progress_enabled
+from .cli import Parser, as_flags, command, explicit_flags, main_guard, parse_args, progress_enabled
 from .config import RunConfig, add_flags
 from .launch import RESTART_ENV
 from .plan import plan_line
+from .recipes import apply_recipe, recipe_table
 from .resume import Checkpointer, restart_from, resume_config, resume_point
 from .run import build_run
 from .run_callbacks import chief_callbacks, monitor_for
@@ -35,6 +36,7 @@ EXAMPLES = """examples:
   gluon-gpu-train --devices cpu*2 --epochs 3 --limit 6000
   gluon-gpu-train --model cifar_resnet20_v1 --lr-mode cosine --warmup-epochs 1 --momentum 0.9 --wd 1e-4
   gluon-gpu-train --dataset folder --data-dir my_images --image-size 64
+  gluon-gpu-train --recipe lenet --augment flip        a recipe (--recipe list), one of its flags changed
   gluon-gpu-train --resume runs/RUN --epochs 20        continue a run (also after Ctrl-C)"""
 
 
@@ -91,12 +93,18 @@ class _KeepLastGood:
 def main(argv=None):
     parser = build_parser()
     args = parse_args(parser, argv)
+    if args.recipe == "list":
+        print(recipe_table())
+        return 0
     state = None
     config = RunConfig.from_dict(vars(args))
     if os.environ.get(RESTART_ENV) and not args.resume:
         args.resume = restart_from(config.out)
+    typed = argv if argv is not None else sys.argv[1:]
     if args.resume:
-        config, state = resume_config(parser, argv if argv is not None else sys.argv[1:], args.resume)
+        config, state = resume_config(parser, typed, args.resume)
+    else:  # a resumed run's config holds its recipe applied
+        config = apply_recipe(config, explicit_flags(parser, typed))
     # MXNet reads these at start: the program re-executes itself with them (--sync-bn
     # needs them; an ensemble only runs faster, so a library call goes on without)
     extra, workers = {}, 0

@@ -1,0 +1,47 @@
+"""Recipes (--recipe, issue #26): a named bundle of flags, the user's own flags on top,
+spelled out on the plan line, recorded in the run so that --resume needs no lookup."""
+import pytest
+
+from gluon_gpu.programs import train
+from gluon_gpu.programs.recipes import RECIPES
+
+from conftest import read_metrics
+
+QUICK = ["--devices", "cpu", "--limit", "640", "--val-limit", "200", "--batch-size", "64", "--quiet"]
+
+
+def test_recipe_list_shows_every_recipe_with_its_flags_and_measured_result(capsys):
+    assert train.main(["--recipe", "list"]) == 0
+    out = capsys.readouterr().out
+    for name, recipe in RECIPES.items():
+        assert f"{name}: {recipe.what}" in out and f"measured: {recipe.measured}" in out
+    assert "--lr 0.2 --momentum 0.9" in out
+
+
+def test_the_users_flags_override_the_recipe_and_the_plan_line_says_which(capsys, tmp_path):
+    assert train.main(QUICK + ["--recipe", "lenet", "--epochs", "2", "--momentum", "0.5", "--out",
+                               str(tmp_path / "r")]) == 0
+    plan = capsys.readouterr().out.splitlines()[0]
+    assert "recipe lenet: --model lenet --epochs 2 (recipe: 10)" in plan
+    assert "--momentum 0.5 (recipe: 0.9)" in plan and "--lr-mode cosine" in plan and "--no-wd" in plan
+    config = read_metrics(str(tmp_path / "r"))["config"]
+    assert (config["recipe"], config["epochs"], config["momentum"], config["lr"], config["lr_mode"]) == \
+        ("lenet", 2, 0.5, 0.2, "cosine")
+
+
+def test_a_recipe_run_resumes_with_its_applied_flags(tmp_path):
+    out = str(tmp_path / "r")
+    assert train.main(QUICK + ["--recipe", "lenet", "--epochs", "2", "--lr-mode", "step", "--lr-decay-epoch", "1",
+                               "--out", out]) == 0
+    assert train.main(["--resume", out, "--epochs", "3", "--quiet"]) == 0
+    metrics = read_metrics(out)
+    assert len(metrics["epochs"]) == 3 and metrics["config"]["lr_mode"] == "step" and metrics["config"]["lr"] == 0.2
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--recipe", "resnet9000"], "unknown --recipe 'resnet9000': choose one of lenet"),
+])
+def test_bad_recipes_are_one_line_and_exit_2(flags, message, capsys, tmp_path):
+    assert train.main(QUICK + ["--dry-run", "--out", str(tmp_path / "r")] + flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
