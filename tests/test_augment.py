@@ -166,7 +166,7 @@ def test_augmented_training_on_two_devices_matches_one_device(train_slice):
     params = []
     for ctx in (ONE, TWO):
         dp = make_dp(ctx)
-        for batch in DevicePipeline(x, y, 128, ctx, seed=3, augment=dp.augment).epoch(0):
+        for batch in DevicePipeline(x, y, 128, ctx, seed=3, augment=dp.inputs.augment).epoch(0):
             dp.step(*batch, return_loss=False)
         params.append(param_arrays(dp.net))
     plain = make_dp(ONE, augment=None)
@@ -182,7 +182,7 @@ def test_evaluation_is_not_augmented(train_slice):
     """The same parameters evaluate alike with and without --augment."""
     x, y = (a[:512] for a in train_slice)
     with_aug, without = make_dp(ONE), make_dp(ONE, augment=None)
-    for batch in DevicePipeline(x, y, 128, ONE, augment=with_aug.augment).epoch(0):
+    for batch in DevicePipeline(x, y, 128, ONE, augment=with_aug.inputs.augment).epoch(0):
         with_aug.step(*batch, return_loss=False)
     for mine, theirs in zip(without.net.collect_params().values(), with_aug.net.collect_params().values()):
         mine.set_data(theirs.data())

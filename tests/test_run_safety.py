@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import mxnet as mx
 import pytest
@@ -339,13 +340,18 @@ print(len(glob.glob(os.path.join(os.environ["TMPDIR"], "pymp-*"))))
 """
 
 
-def test_the_loader_s_workers_leave_no_temporary_files(tmp_path):
+def test_the_loader_s_workers_leave_no_temporary_files():
     """The DataLoader's workers make pymp-* directories (sockets passing shared memory)
     and, stopped at exit, never removed them: now they share the main process's one,
     which multiprocessing removes at exit."""
-    (tmp_path / "tmp").mkdir()
-    done = subprocess.run([sys.executable, "-c", LOADER_PROBE], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": REPO, "TMPDIR": str(tmp_path / "tmp")})
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    assert int(done.stdout) == 1  # one directory, the main process's
-    assert os.listdir(tmp_path / "tmp") == []
+    # A short TMPDIR: the sockets inside it must fit AF_UNIX's 108 bytes, which pytest's
+    # tmp_path under an xdist worker (pytest-N/popen-gwK/<test name>/) did not always.
+    tmp = tempfile.mkdtemp(prefix="pymp-test-", dir="/tmp")
+    try:
+        done = subprocess.run([sys.executable, "-c", LOADER_PROBE], cwd=REPO, capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": REPO, "TMPDIR": tmp})
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert int(done.stdout) == 1  # one directory, the main process's
+        assert os.listdir(tmp) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -90,7 +90,8 @@ from conftest import read_metrics  # noqa: E402
 from test_checkpoints import REPO, SMALL, assert_same_run, checkpoint_names, start, wait_for  # noqa: E402
 
 FEATURES = ["--accumulate", "3", "--warmup-epochs", "1", "--warmup-lr", "0.01", "--clip-grad", "0.5",
-            "--label-smoothing", "0.1", "--wd", "1e-3", "--no-wd", "--augment", "flip,crop=2,erase"]
+            "--label-smoothing", "0.1", "--wd", "1e-3", "--no-wd", "--augment", "flip,crop=2,erase", "--mixup", "0.2",
+            "--mixup-off-epochs", "1"]
 
 
 @pytest.mark.parametrize("mode", ["constant", "step", "cosine"])
@@ -116,8 +117,8 @@ def test_warmup_is_linear_then_the_schedule_as_without_it(mode):
 
 
 def test_the_new_flags_resume_exactly_from_a_stop_mid_epoch(tmp_path):
-    """Accumulation, warmup, clipping, label smoothing, --no-wd and --augment together: a run stopped by SIGINT in epoch 2
-    (at an update boundary) and resumed ends with the straight run's parameters."""
+    """Accumulation, warmup, clipping, label smoothing, --no-wd, --augment and --mixup (off in epoch 3) together:
+    a run stopped by SIGINT in epoch 2 (at an update boundary) and resumed ends with the straight run's parameters."""
     straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
     assert train.main(SMALL + FEATURES + ["--epochs", "3", "--out", straight]) == 0
     proc = start(SMALL + FEATURES + ["--epochs", "3", "--log-interval", "1", "--out", out])

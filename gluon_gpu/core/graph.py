@@ -1,15 +1,13 @@
 """The step graph: input transform -> network -> task head -> per-member sums, one
 hybridized graph per input shape and mode, sharing the network's parameters."""
 import mxnet as mx
-import numpy as np
 from mxnet import gluon, nd
-
-from .devices import split_batch
 
 from .modes import legacy, to_api
 
 
-def make_step_graph(net, head, transform, precision, members, is_np, training, slots=None, augment=None):
+def make_step_graph(net, head, transform, precision, members, is_np, training, slots=None, augment=None,
+                    mixing=None):
     """``(x, y) -> (loss sums (K,), stats)`` in training, ``stats`` in evaluation.
 
     ``stats`` is ``[loss sums (K), each metric's sums (K)]``; evaluating an ensemble
@@ -20,22 +18,35 @@ def make_step_graph(net, head, transform, precision, members, is_np, training, s
     ``slots=(first, total)``: the network is members first.. of an ensemble of ``total``
     (one group of placed members) and the stats come back in those members' places among
     ``total``, zeros elsewhere, so every group's sums add up to the ensemble's.
-    ``augment``: a training graph takes ``(x, y, parameters)`` and runs
-    ``augment(x, parameters)`` on the samples as stored, before ``transform``."""
+    Training only: ``augment`` (data/augment.py) runs on the samples as stored, before
+    ``transform``, from a third input (its parameters); ``mixing`` (data/mixing.py) takes
+    pairs ``x (n, 2, ...)``, ``y (n, 2)`` and its parameters as the last input, augments
+    both of each pair, mixes them, and weighs the partner's loss by ``1 - lam``."""
     kind = StepGraph if isinstance(net, gluon.HybridBlock) else EagerStepGraph
     graph = kind(prefix="")
     graph.net, graph.transform = net, transform
-    graph.augment = augment if training else None
+    graph.augment, graph.mixing = (augment, mixing) if training else (None, None)
     graph._config = (head, precision, members, is_np, training, slots)  # pylint: disable=protected-access
     return graph
 
 
-def _forward(graph, F, x, y, augmentation=()):
+def _forward(graph, F, x, y, extras=()):
     head, precision, members, is_np, training, slots = graph._config  # pylint: disable=protected-access
-    x, y = legacy(x), legacy(y)
+    x, y, extras = legacy(x), legacy(y), [legacy(e) for e in extras]
+    augmentation = extras.pop(0) if graph.augment is not None else None
+    mixing = extras.pop(0) if graph.mixing is not None else None
+    partner = None
     with mx.util.np_array(False):
+        if mixing is not None:  # pairs: (n, 2, ...) -> 2n samples to augment
+            x = F.reshape(x, shape=(-3, -2))
+            augmentation = None if augmentation is None else F.reshape(augmentation, shape=(-3, -2))
+            own, other = (F.reshape(half, shape=(-1,)) for half in F.split(y, num_outputs=2, axis=1))
+            y, partner = own, (other.astype("float32"), F.reshape(F.slice_axis(mixing, axis=1, begin=0, end=1),
+                                                                  shape=(-1,)))
         if graph.augment is not None:
-            x = graph.augment(x, legacy(augmentation[0]))
+            x = graph.augment(x, augmentation)
+        if mixing is not None:
+            x = graph.mixing(F.reshape(x, shape=(-4, -1, 2, -2)), mixing)
         if graph.transform is not None:
             x = graph.transform(x)
         x = x.astype(precision.param_dtype)
@@ -44,35 +55,21 @@ def _forward(graph, F, x, y, augmentation=()):
         out = legacy(out)
         if precision.dtype != "float32":  # losses and sums in float32 whatever the network computes in
             out = F.cast(out, dtype="float32")
-        sums = _head_sums(F, head, out, y.astype("float32"), members, training, slots)
+        sums = _head_sums(F, head, out, y.astype("float32"), members, training, slots, partner)
     return tuple(to_api(s, is_np) for s in sums) if training else to_api(sums, is_np)
 
 
-def augmentation_shards(augment, augmentation, xs, ctx):
-    """The augmentation input of each device's shards ``xs``: ``augmentation`` (one row of
-    parameters per sample) split as the data or, not given, drawn here by numpy (then not
-    a function of the sample); None for every shard without ``augment``."""
-    if augment is None:
-        return [None] * len(xs)
-    for x in (x for x in xs if x is not None):
-        augment.check_batch(x.shape)
-    if augmentation is None:
-        return [None if x is None else nd.array(augment.parameters(np.random.random((x.shape[0], augment.draws))),
-                                                ctx=x.context) for x in xs]
-    return list(augmentation) if isinstance(augmentation, (list, tuple)) else split_batch(augmentation, ctx)
-
-
 class StepGraph(gluon.HybridBlock):
-    def hybrid_forward(self, F, x, y, *augmentation):  # pylint: disable=arguments-differ
-        return _forward(self, F, x, y, augmentation)
+    def hybrid_forward(self, F, x, y, *extras):  # pylint: disable=arguments-differ
+        return _forward(self, F, x, y, extras)
 
 
 class EagerStepGraph(gluon.Block):
-    def forward(self, x, y, *augmentation):  # pylint: disable=arguments-differ
-        return _forward(self, nd, x, y, augmentation)
+    def forward(self, x, y, *extras):  # pylint: disable=arguments-differ
+        return _forward(self, nd, x, y, extras)
 
 
-def _head_sums(F, head, out, y, k, training, slots=None):
+def _head_sums(F, head, out, y, k, training, slots=None, partner=None):
     parts = []
     if k > 1 or slots:  # an ensemble (a group of placed members may hold one)
         if not training:
@@ -81,6 +78,9 @@ def _head_sums(F, head, out, y, k, training, slots=None):
             parts = [F.sum(v, axis=0, keepdims=True) for v in [loss] + metrics]
         out, y = F.reshape(out, shape=(-3, -2)), F.reshape(y, shape=(-3, -2))
     loss, metrics = head.per_sample(F, out, y, training)
+    if partner is not None:  # mixed samples: the partner's label weighs 1 - lam
+        other, lam = partner
+        loss = lam * loss + (1 - lam) * head.per_sample(F, out, other, training)[0]
     sums = [F.sum(F.reshape(v, shape=(-1, k)), axis=0) for v in [loss] + metrics]
     placed = [_in_slots(F, s, k, slots) for s in sums] if slots else sums
     stats = F.concat(*(placed + parts), dim=0)

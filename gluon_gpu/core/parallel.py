@@ -18,8 +18,9 @@ from .buckets import DEFAULT_BUCKET_BYTES, bucketable
 from .coordination import Workers
 from .devices import check_cpu_only, split_batch
 from .gradients import Gradients
-from .graph import augmentation_shards, make_step_graph
+from .graph import make_step_graph
 from .heads import Classification, Head, head_for
+from .inputs import TrainingInputs
 from .kvstores import check_exchange, default_kvstore
 from .members import PlacedMembers, trainer_for
 from .metrics import DeviceSums, report
@@ -37,14 +38,13 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
     ``bucket_bytes``: gradient buckets on several devices of one process (0: one kvstore key per parameter).
     ``exchange=False``: no gradient exchange (the benchmark's baseline). ``accumulate=N``: N steps' gradients
     summed before one update. ``clip_grad``: the mean gradient's global norm clipped after the exchange.
-    ``dtype``/``amp``/``loss_scaling``: precision.py. ``augment``: an ``Augment`` (data/augment.py) run on
-    training shards before ``transform``.
+    ``dtype``/``amp``/``loss_scaling``: precision.py. ``augment``, ``mixing``: training inputs (inputs.py).
     """
 
     def __init__(self, net, ctx, optimizer="sgd", optimizer_params=None, kvstore=None, head=None,
                  transform=None, hybridize=True, dtype="float32", initializer=None, batch_size=None,
                  bucket_bytes=DEFAULT_BUCKET_BYTES, exchange=True, accumulate=1, clip_grad=None, amp=False,
-                 loss_scaling=None, augment=None):
+                 loss_scaling=None, augment=None, mixing=None):
         self.placed = net if isinstance(net, PlacedMembers) else None  # members on their own devices
         self.ctx = net.devices if self.placed else list(ctx)
         self.batch_size, self.accumulate, self.clip_grad = batch_size, accumulate, clip_grad
@@ -54,7 +54,8 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         self.precision = precision_for(dtype, amp, loss_scaling)
         check_precision(self.precision, self.ctx)
         check_cpu_only(net, self.ctx)
-        self.net, self.transform, self.augment, self.hybridize = net, transform, augment, hybridize
+        self.net, self.transform, self.hybridize = net, transform, hybridize
+        self.inputs = TrainingInputs(augment, mixing)
         self.head = head if isinstance(head, Head) else (head_for(head) if head else Classification())
         self.members, self.is_np = getattr(net, "members", 1), model_is_np(net)
         enable_amp(self.precision, self.is_np)  # before any graph is built
@@ -63,7 +64,7 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
                 place(net, self.ctx, initializer or mx.init.Xavier())
             if self.precision.param_dtype != "float32":
                 net.cast(self.precision.param_dtype)
-        for block in (b for b in (transform, augment) if b is not None):  # their constants on the devices
+        for block in ([transform] if transform else []) + self.inputs.blocks:  # their constants on the devices
             place(block, self.ctx, mx.init.Uniform())  # (normalization, pixel grids): keep their own values
         params = self.precision.optimizer_params(optimizer_params)
         if accumulate > 1:  # backward adds to the gradients until the update
@@ -97,13 +98,13 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
             return self.placed.split(data, label, training)
         return split_batch(data, self.ctx), split_batch(label, self.ctx)
 
-    def step(self, data, label, augmentation=None, return_loss=True, flush=False):
+    def step(self, data, label, augmentation=None, mixing=None, return_loss=True, flush=False):
         """Forward, backward and, every ``accumulate`` batches (or now, with ``flush``: an epoch's end), one
         update; the batch's mean loss as a lazy NDArray on the first device (reading it syncs), or None with
-        ``return_loss=False``. ``augmentation``: ``augment``'s parameters (graph.augmentation_shards)."""
+        ``return_loss=False``. ``augmentation``, ``mixing``: their parameters (inputs.py)."""
         self.gradients.check()
         xs, ys = self.split(data, label)
-        ds = augmentation_shards(self.augment, augmentation, xs, self.ctx)
+        extras, mixed = self.inputs.shards(xs, self.ctx, augmentation, mixing)
         active = [g for g, x in enumerate(xs) if x is not None]  # placed members in turns: the groups stepping
         if self.placed and self.pending_batches and active != self._pending_groups:
             self._update()  # groups in turns: the last turn's short accumulation ends with it
@@ -111,7 +112,7 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         batch_size = xs[active[0]].shape[0] if self.placed else sum(x.shape[0] for x in xs)
         with semantics(self.is_np):
             with autograd.record():
-                outs = {g: self._run(xs[g], ys[g], True, g if self.placed else None, ds[g]) for g in active}
+                outs = {g: self._run(xs[g], ys[g], True, g if self.placed else None, extras[g], mixed) for g in active}
                 with scaled_losses(self.trainer, [loss_sum for loss_sum, _ in outs.values()]) as losses:
                     autograd.backward(losses)  # one call for every device
             if len(xs) < len(self.ctx):
@@ -154,9 +155,8 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         """The gradient buckets, once the first step made them (else None)."""
         return self.gradients.buckets
 
-    def _run(self, x, y, training, group=None, augmentation=None):  # legacy outputs whatever the model's API
-        inputs = [to_api(a, self.is_np) for a in (x, y, augmentation) if a is not None]
-        out = self._graph(x.shape, training, group)(*inputs)
+    def _run(self, x, y, training, group=None, extras=(), mixed=False):  # legacy outputs whatever the model's API
+        out = self._graph(x.shape, training, group, mixed)(*[to_api(a, self.is_np) for a in (x, y) + extras])
         return tuple(legacy(o) for o in out) if training else legacy(out)
 
     def read_metrics(self, reset=True):
@@ -186,14 +186,14 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
             result.update(report(vector[self.sums.width:], samples, self.names, 1))
         return result
 
-    def _graph(self, shape, training, group=None):
-        """One hybridized graph per (input shape, mode, placed group), sharing the net's
+    def _graph(self, shape, training, group=None, mixed=False):
+        """One hybridized graph per (input shape, mode, placed group, mixed), sharing the net's
         parameters: a last partial batch gets its own instead of re-planning another."""
-        key = (tuple(shape), training, group)
+        key = (tuple(shape), training, group, mixed)
         if key not in self._graphs:
             net, members, slots = self.placed.graph_of(group) if group is not None else (self.net, self.members, None)
             graph = make_step_graph(net, self.head, self.transform, self.precision, members, self.is_np, training,
-                                    slots, self.augment)
+                                    slots, self.inputs.augment, self.inputs.mixing if mixed else None)
             if self.hybridize and isinstance(net, gluon.HybridBlock):
                 graph.hybridize(static_alloc=True, static_shape=True)
             self._graphs[key] = graph

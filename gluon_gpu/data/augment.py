@@ -105,8 +105,7 @@ class Augment(gluon.HybridBlock):
         # Pixel indices along each axis, and the fill per channel: only those used (Gluon
         # warns of a constant no computation reads).
         if self.geometric or "erase" in self.components:
-            self.cols = self.params.get_constant("cols", np.arange(w, dtype=np.float32).reshape(1, 1, 1, w))
-            self.rows = self.params.get_constant("rows", np.arange(h, dtype=np.float32).reshape(1, 1, h, 1))
+            self.cols, self.rows = pixel_indices(self, h, w)
         if "erase" in self.components:
             self.fill = self.params.get_constant("fill", np.array(fill, dtype=np.float32).reshape(1, c, 1, 1))
 
@@ -225,11 +224,23 @@ class Augment(gluon.HybridBlock):
         return 0.299 * r + 0.587 * g + 0.114 * b
 
     def _erase(self, F, x, box, cols, rows, fill):
-        top, left, bottom, right = box
-        inside_rows = F.broadcast_greater_equal(rows, top) * F.broadcast_lesser(rows, bottom)
-        inside_cols = F.broadcast_greater_equal(cols, left) * F.broadcast_lesser(cols, right)
-        mask = F.broadcast_mul(inside_rows, inside_cols)  # (n, 1, H, W)
+        mask = box_mask(F, rows, cols, *box)
         return F.broadcast_add(F.broadcast_mul(x, 1 - mask), F.broadcast_mul(mask, fill))
+
+
+def pixel_indices(block, h, w):
+    """Constants of ``block``: column indices ``(1, 1, 1, W)`` and row indices ``(1, 1, H, 1)``."""
+    return (block.params.get_constant("cols", np.arange(w, dtype=np.float32).reshape(1, 1, 1, w)),
+            block.params.get_constant("rows", np.arange(h, dtype=np.float32).reshape(1, 1, h, 1)))
+
+
+def box_mask(F, rows, cols, top, left, bottom, right):
+    """1 inside each sample's box (rows top..bottom-1, columns left..right-1), else 0:
+    ``(n, 1, H, W)`` from pixel indices ``rows (1, 1, H, 1)``, ``cols (1, 1, 1, W)`` and
+    bounds ``(n, 1, 1, 1)``, separable until the one full-size product."""
+    inside_rows = F.broadcast_greater_equal(rows, top) * F.broadcast_lesser(rows, bottom)
+    inside_cols = F.broadcast_greater_equal(cols, left) * F.broadcast_lesser(cols, right)
+    return F.broadcast_mul(inside_rows, inside_cols)
 
 
 def make_augment(text, spec):

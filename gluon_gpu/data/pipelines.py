@@ -10,7 +10,10 @@
 
 With ``augment`` (on-device augmentation, augment.py) both yield a third list: each
 sample's row of augmentation parameters from ``augment.table`` (a function of seed,
-epoch and sample), cut as the data.
+epoch and sample), cut as the data. With ``mixing`` (mixup, CutMix: mixing.py), in the
+epochs it mixes, a batch holds pairs (each sample and its partner from
+``mixing.table``): data ``(n, 2, ...)``, labels ``(n, 2)``, the augmentation (or None)
+``(n, 2, P)``, and a fourth list, each pair's mixing parameters.
 """
 import multiprocessing.util
 
@@ -45,10 +48,11 @@ class DevicePipeline:
     """
 
     def __init__(self, inputs, targets, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1),
-                 member_groups=None, in_turns=False, augment=None):
-        if augment is not None and members > 1:
-            raise UserError("`augment` does not apply to an `ensemble` yet")
-        self.augment = augment
+                 member_groups=None, in_turns=False, augment=None, mixing=None):
+        for name, block in (("augment", augment), ("mixup", mixing)):
+            if block is not None and members > 1:
+                raise UserError(f"`{name}` does not apply to an `ensemble` yet")
+        self.augment, self.mixing = augment, mixing
         self.n, self.batch_size, self.ctx = len(inputs), batch_size, list(ctx)
         self.seed, self.shuffle, self.members = seed, shuffle, members
         self.member_groups = member_groups
@@ -88,6 +92,9 @@ class DevicePipeline:
         on_device = {c: nd.array(order, ctx=c, dtype="int32") for c in dict.fromkeys(self.ctx)}
         table = self.augment.table(total, self.seed, epoch) if self.augment is not None else None
         augmentation = {c: nd.array(table, ctx=c) for c in dict.fromkeys(self.ctx)} if table is not None else {}
+        mix = self.mixing.table(total, self.seed, epoch) if self.mixing is not None else None
+        partners = {c: (nd.array(mix[0], ctx=c, dtype="int32"), nd.array(mix[1], ctx=c))
+                    for c in dict.fromkeys(self.ctx)} if mix is not None else {}
         step = self.batch_size * self.workers
         per_turn = len(self) // self.turns
         for position in range(start_batch, len(self)):
@@ -100,25 +107,33 @@ class DevicePipeline:
             else:
                 shards = [on_device[c][lo + a:lo + b]
                           for (a, b), c in zip(shard_bounds(hi - lo, len(self.ctx)), self.ctx)]
-            batch = ([None if i is None else x.take(i) for x, i in zip(self._inputs, shards)],
-                     [None if i is None else y.take(i) for y, i in zip(self._targets, shards)])
-            yield batch + ([augmentation[c].take(i) for c, i in zip(self.ctx, shards)],) if augmentation else batch
+            taken = [nd.stack(i, partners[c][0].take(i), axis=1) for c, i in zip(self.ctx, shards)] \
+                if partners else shards  # mixing: (sample, partner) pairs
+            batch = ([None if i is None else x.take(i) for x, i in zip(self._inputs, taken)],
+                     [None if i is None else y.take(i) for y, i in zip(self._targets, taken)])
+            augs = [augmentation[c].take(i) for c, i in zip(self.ctx, taken)] if augmentation else None
+            if partners:
+                yield batch + (augs, [partners[c][1].take(i) for c, i in zip(self.ctx, shards)])
+            else:
+                yield batch + (augs,) if augs else batch
 
 
 class _EpochSampler(gluon.data.Sampler):
-    """Batch sampler over :func:`epoch_order`; ``set_epoch`` picks the permutation."""
+    """Batch sampler over :func:`epoch_order`; ``set_epoch`` picks the permutation and,
+    mixing, each sample's partner: a batch is then its samples followed by their partners."""
 
     def __init__(self, n, batch_size, seed, shuffle):
         self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
-        self.epoch, self.start_batch = 0, 0
+        self.epoch, self.start_batch, self.partner = 0, 0, None
 
-    def set_epoch(self, epoch, start_batch=0):
-        self.epoch, self.start_batch = epoch, start_batch
+    def set_epoch(self, epoch, start_batch=0, partner=None):
+        self.epoch, self.start_batch, self.partner = epoch, start_batch, partner
 
     def __iter__(self):
         order = epoch_order(self.n, self.seed, self.epoch, self.shuffle)
         for start in range(self.start_batch * self.batch_size, self.n, self.batch_size):
-            yield order[start:start + self.batch_size].tolist()
+            own = order[start:start + self.batch_size]
+            yield (own if self.partner is None else np.concatenate([own, self.partner[own]])).tolist()
 
     def __len__(self):
         return -(-self.n // self.batch_size)
@@ -131,8 +146,8 @@ class LoaderPipeline:
 
     turns = 1
 
-    def __init__(self, dataset, batch_size, seed=0, shuffle=True, num_workers=0, augment=None):
-        self.n, self.augment = len(dataset), augment
+    def __init__(self, dataset, batch_size, seed=0, shuffle=True, num_workers=0, augment=None, mixing=None):
+        self.n, self.augment, self.mixing = len(dataset), augment, mixing
         self._sampler = _EpochSampler(self.n, batch_size, seed, shuffle)
         self._loader = _start_loader(dataset, self._sampler, num_workers)
 
@@ -140,11 +155,25 @@ class LoaderPipeline:
         return len(self._sampler)
 
     def epoch(self, epoch, start_batch=0):
-        self._sampler.set_epoch(epoch, start_batch)
-        if self.augment is None:
+        seed = self._sampler.seed
+        mix = self.mixing.table(self.n, seed, epoch) if self.mixing is not None else None
+        self._sampler.set_epoch(epoch, start_batch, None if mix is None else mix[0])
+        table = self.augment.table(self.n, seed, epoch) if self.augment is not None else None
+        if mix is None and table is None:
             return iter(self._loader)
-        table = self.augment.table(self.n, self._sampler.seed, epoch)
-        return ((x, y, nd.array(table[indices])) for (x, y), indices in zip(self._loader, self._sampler))
+        return self._with_parameters(table, mix)
+
+    def _with_parameters(self, table, mix):
+        """The loader's batches with their augmentation (and mixing) parameters; mixing,
+        its batches of samples then partners become pairs."""
+        for (x, y), indices in zip(self._loader, self._sampler):
+            if mix is None:
+                yield x, y, nd.array(table[indices])
+                continue
+            n = len(indices) // 2
+            augs = None if table is None else nd.array(np.stack([table[indices[:n]], table[indices[n:]]], axis=1))
+            yield (nd.stack(x[:n], x[n:], axis=1), nd.stack(y[:n], y[n:], axis=1), augs,
+                   nd.array(mix[1][indices[:n]]))
 
 
 def _start_loader(dataset, sampler, num_workers):
@@ -191,9 +220,9 @@ def device_only(members, shard):
 
 
 def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
-                  members=1, shard=(0, 1), member_groups=None, in_turns=False, augment=None):
+                  members=1, shard=(0, 1), member_groups=None, in_turns=False, augment=None, mixing=None):
     """The ``kind`` pipeline over arrays ``inputs`` and ``targets`` (``auto``: see
-    :func:`choose_pipeline`); ``augment``: its batches carry that augmentation's parameters."""
+    :func:`choose_pipeline`); ``augment``, ``mixing``: its batches carry their parameters."""
     kind, _ = choose_pipeline(kind, device_copy_bytes(inputs, targets), ctx, device_only(members, shard))
     if kind == "loader":
         if members > 1:
@@ -201,6 +230,6 @@ def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, 
         if shard[1] > 1:
             raise UserError("a distributed kvstore needs `pipeline` device")
         dataset = gluon.data.ArrayDataset(inputs, targets.astype(np.float32))
-        return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers, augment)
+        return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers, augment, mixing)
     return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard, member_groups, in_turns,
-                          augment)
+                          augment, mixing)

@@ -85,6 +85,14 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                    "class, EPS/K on each of the K classes); validation and accuracy use the "
                                    "labels as they are", type=below_one, metavar="EPS")
     augment: str = _flag("", augment_help(), metavar="LIST")
+    mixup: float = _flag(0.0, "classification: mix each training image with a partner, weight lam ~ "
+                         "Beta(ALPHA, ALPHA), and the loss of their labels likewise (GluonCV's --mixup; 0: off)",
+                         type=non_negative_float, metavar="ALPHA")
+    cutmix: float = _flag(0.0, "classification: paste a box of a partner image covering 1-lam of it, lam ~ "
+                          "Beta(ALPHA, ALPHA), the labels' losses weighed by the areas (0: off)",
+                          type=non_negative_float, metavar="ALPHA")
+    mixup_off_epochs: int = _flag(0, "the last N epochs without --mixup or --cutmix (GluonCV's --mixup-off-epoch)",
+                                  type=non_negative_int, metavar="N")
     recipe: Optional[str] = _flag(None, "a named bundle of training flags (--recipe list shows them with "
                                   "their measured results); flags given beside it override its own",
                                   metavar="NAME")
@@ -145,8 +153,8 @@ GROUPS = {"devices": ("devices", "fused_conv", "omp_threads", "engine_threads", 
           "data": ("dataset", "data_dir", "image_size", "task", "limit", "val_limit", "pipeline", "num_workers"),
           "model": ("model", "ensemble", "ensemble_layout", "sync_bn", "hybridize", "seed"),
           "optimization": ("recipe", "epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "no_wd",
-                           "label_smoothing", "augment", "lr_mode", "lr_decay", "lr_decay_epoch", "warmup_epochs",
-                           "warmup_lr", "accumulate", "clip_grad"),
+                           "label_smoothing", "augment", "mixup", "cutmix", "mixup_off_epochs", "lr_mode", "lr_decay",
+                           "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate", "clip_grad"),
           "checkpoints": ("out", "save_period", "keep", "monitor", "early_stop"),
           "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}

@@ -12,6 +12,7 @@ from ..core.parallel import DataParallel
 from ..core.precision import check_precision, precision_for
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
 from ..data.augment import describe, make_augment, parse_augment
+from ..data.mixing import describe as describe_mixing, make_mixing
 from ..data.pipelines import choose_pipeline, device_copy_bytes, device_only
 from ..models import init_model
 from ..models.member_stack import pipeline_layout
@@ -31,6 +32,7 @@ class Run:
     warnings: tuple = ()  # one line each, for the person starting the run
     pipeline: str = ""  # the input pipeline, and why when --pipeline auto chose it
     augment: str = ""  # the augmentation, every parameter written out ("" for none)
+    mixing: str = ""  # mixup or cutmix, its alpha and last epoch ("" for none)
 
 
 def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, saved_spec=None):
@@ -67,8 +69,10 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     if config.label_smoothing and spec.task != "classify":
         raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
     augment = make_augment(config.augment, spec)
-    if augment is not None and config.ensemble > 1:
-        raise UserError("`augment` does not apply to an `ensemble` yet")
+    mixing = make_mixing(config.mixup, config.cutmix, config.mixup_off_epochs, config.epochs, spec)
+    for name, block in (("augment", augment), ("mixup" if config.mixup else "cutmix", mixing)):
+        if block is not None and config.ensemble > 1:
+            raise UserError(f"`{name}` does not apply to an `ensemble` yet")
     if config.no_wd:
         exclude_from_weight_decay(net)
     layout = pipeline_layout(net, ctx)
@@ -81,7 +85,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     pipes = [make_pipeline(pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train,
                            num_workers=config.num_workers, members=config.ensemble, shard=shard if train else (0, 1),
                            member_groups=layout.member_groups if train else None, in_turns=train and layout.in_turns,
-                           augment=augment if train else None)
+                           augment=augment if train else None, mixing=mixing if train else None)
              for x, y, train, pipe_ctx in ((data.train_x, data.train_y, True, layout.train_ctx),
                                            (data.val_x, data.val_y, False, layout.eval_ctx))]
     updates_per_epoch = -(-len(pipes[0]) // pipes[0].turns // config.accumulate)  # each member's, in turns too
@@ -91,7 +95,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                       transform=spec.transform(config.ensemble), hybridize=config.hybridize,
                       dtype=config.dtype, amp=config.amp, batch_size=config.batch_size,
                       bucket_bytes=int(config.bucket_mb * 2**20), exchange=exchange,
-                      accumulate=config.accumulate, clip_grad=config.clip_grad, augment=augment)
+                      accumulate=config.accumulate, clip_grad=config.clip_grad, augment=augment,
+                      mixing=mixing)
     warnings = []
     if config.sync_bn and not synced:
         warnings.append(f"`sync_bn`: {config.model} has no BatchNorm layer; nothing to synchronize")
@@ -100,7 +105,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                         f"training samples: every epoch is one update of {len(data.train_y)} samples")
     return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
                tuple(warnings), f"pipeline {pipeline}" + (f" ({why})" if why else ""),
-               describe(parse_augment(config.augment)) if augment is not None else "")
+               describe(parse_augment(config.augment)) if augment is not None else "",
+               describe_mixing(mixing) if mixing is not None else "")
 
 
 NO_DECAY = re.compile(r".*(bias|gamma|beta)$")  # GluonCV's --no-wd: biases and BatchNorm's scale and shift
