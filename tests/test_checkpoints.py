@@ -29,10 +29,12 @@ def params_of(path):
 
 
 def assert_same_run(a, b):
-    pa, pb = params_of(os.path.join(a, "net.params")), params_of(os.path.join(b, "net.params"))
-    assert pa.keys() == pb.keys()
-    for k in pa:
-        np.testing.assert_allclose(pa[k], pb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    files = ["net.params"] + (["ema.params"] if os.path.exists(os.path.join(a, "ema.params")) else [])  # --ema's
+    for name in files:
+        pa, pb = params_of(os.path.join(a, name)), params_of(os.path.join(b, name))
+        assert pa.keys() == pb.keys()
+        for k in pa:
+            np.testing.assert_allclose(pa[k], pb[k], rtol=1e-5, atol=1e-6, err_msg=f"{name}: {k}")
     ea, eb = read_metrics(a)["epochs"], read_metrics(b)["epochs"]
     assert len(ea) == len(eb)
     for ra, rb in zip(ea, eb):

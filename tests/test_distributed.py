@@ -91,6 +91,23 @@ def test_two_workers_equal_one_process_with_the_same_global_batch(two_worker_run
     assert a["val_acc"] == pytest.approx(b["val_acc"], abs=2e-3)
 
 
+def test_an_augmented_mixed_job_equals_one_process(tmp_path):
+    """--augment and --mixup draw per sample from (seed, epoch): each worker augments and
+    mixes its slice of the global batch as one process with all the devices does."""
+    flags = ["--augment", "flip,crop=2,erase", "--mixup", "0.4", "--limit", "2560", "--val-limit", "500",
+             "--epochs", "1"]
+    job = uuid.uuid4().hex
+    proc = run_launch(["-n", "2", "-s", "1", "--timeout", "200", "--"] + TRAIN + flags
+                      + ["--out", str(tmp_path / "job")], job)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    single = str(tmp_path / "single")
+    assert train.main(["--devices", "cpu*2", "--quiet", "--batch-size", "128", "--out", single] + flags) == 0
+    want, got = params(os.path.join(single, "net.params")), params(tmp_path / "job" / "net.params")
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
 def test_a_dead_worker_stops_the_whole_job_and_leaves_no_process(tmp_path):
     job = uuid.uuid4().hex
     proc = run_launch(["-n", "2", "-s", "1", "--grace", "3", "--"] + TRAIN +

@@ -91,7 +91,7 @@ from test_checkpoints import REPO, SMALL, assert_same_run, checkpoint_names, sta
 
 FEATURES = ["--accumulate", "3", "--warmup-epochs", "1", "--warmup-lr", "0.01", "--clip-grad", "0.5",
             "--label-smoothing", "0.1", "--wd", "1e-3", "--no-wd", "--augment", "flip,crop=2,erase", "--mixup", "0.2",
-            "--mixup-off-epochs", "1"]
+            "--mixup-off-epochs", "1", "--ema", "0.9"]
 
 
 @pytest.mark.parametrize("mode", ["constant", "step", "cosine"])
@@ -117,8 +117,9 @@ def test_warmup_is_linear_then_the_schedule_as_without_it(mode):
 
 
 def test_the_new_flags_resume_exactly_from_a_stop_mid_epoch(tmp_path):
-    """Accumulation, warmup, clipping, label smoothing, --no-wd, --augment and --mixup (off in epoch 3) together:
-    a run stopped by SIGINT in epoch 2 (at an update boundary) and resumed ends with the straight run's parameters."""
+    """Accumulation, warmup, clipping, label smoothing, --no-wd, --augment, --mixup (off in epoch 3) and --ema
+    together: a run stopped by SIGINT in epoch 2 (at an update boundary) and resumed ends with the straight run's
+    parameters, moving average and figures."""
     straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
     assert train.main(SMALL + FEATURES + ["--epochs", "3", "--out", straight]) == 0
     proc = start(SMALL + FEATURES + ["--epochs", "3", "--log-interval", "1", "--out", out])
@@ -146,7 +147,7 @@ def plateau(tmp_path_factory):
 def test_early_stopping_stops_a_plateau_and_keeps_the_best(plateau, capsys):
     m = read_metrics(plateau)
     assert m["status"] == "early-stopped" and len(m["epochs"]) == 3  # epoch 1 best, then 2 without gain
-    assert m["best"] == {"monitor": "val-loss", "epoch": 1, "value": m["epochs"][0]["val_loss"]}
+    assert m["best"] == {"monitor": "val-loss", "epoch": 1, "value": m["epochs"][0]["val_loss"], "weights": "raw"}
     assert evaluate.main(["--params", os.path.join(plateau, "best.params"), "--devices", "cpu"]) == 0
     capsys.readouterr()
     assert train.main(["--resume", plateau]) == 0  # says so, trains nothing

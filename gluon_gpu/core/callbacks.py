@@ -29,6 +29,8 @@ def format_epoch(record, epochs):
             parts.append(f"ensemble val-{name} {value:.4f}")
         else:
             parts.append(f"val-{name} {value:.4f}")
+    parts += [f"ema-val-{name} {record['ema_val_' + name]:.4f}" for name in ["loss"] + metric_names(record)
+              if "ema_val_" + name in record]
     workers = f" ({record['workers']} workers)" if record.get("workers", 1) > 1 else ""
     return ("  ".join(parts) + f"  {record['seconds']:6.2f} s  "
             f"{record['samples_per_s'] * members:8.0f} samples/s{workers}")

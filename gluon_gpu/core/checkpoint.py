@@ -16,15 +16,16 @@ from .errors import ParamsError
 from .files import fsync_path, umask_mode, write_guard
 from .modes import semantics
 from .optimizer_state import has_optimizer_state, load_optimizer_state, parameter_keys, save_optimizer_state
-from .params import assign_parameters, read_parameter_file, save_parameters
+from .params import assign_parameters, read_parameter_file, save_arrays, save_parameters
 
 CHECKPOINTS = "checkpoints"
 
 
-def save_checkpoint(run_dir, dp, state, keep=3):
+def save_checkpoint(run_dir, dp, state, keep=3, extras=None):
     """Write a checkpoint of ``dp`` (parameters, Trainer states) and ``state`` (a JSON-able
     dict with at least 'epoch' and 'batch'); then keep the ``keep`` most advanced complete
-    ones (nothing is deleted before the new one is complete). Returns its directory."""
+    ones (nothing is deleted before the new one is complete). Returns its directory.
+    ``extras``: more parameter files, ``{file name: {name: NDArray}}`` (--ema's average)."""
     root = os.path.join(run_dir, CHECKPOINTS)
     os.makedirs(root, exist_ok=True)
     name = f"epoch-{state['epoch']:05d}-batch-{state['batch']:07d}"
@@ -33,7 +34,7 @@ def save_checkpoint(run_dir, dp, state, keep=3):
         with write_guard(final) as temporaries:
             tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=root)
             temporaries.append(tmp)
-            _write_checkpoint(tmp, dp, state)
+            _write_checkpoint(tmp, dp, state, extras or {})
             os.rename(tmp, final)
             fsync_path(root)
     for old, _ in complete_checkpoints(run_dir)[:-keep] if keep else []:
@@ -44,9 +45,11 @@ def save_checkpoint(run_dir, dp, state, keep=3):
     return final
 
 
-def _write_checkpoint(tmp, dp, state):
+def _write_checkpoint(tmp, dp, state, extras):
     os.chmod(tmp, umask_mode(0o777))
     save_parameters(dp.net, os.path.join(tmp, "net.params"))
+    for name, arrays in extras.items():
+        save_arrays(arrays, os.path.join(tmp, name))
     with semantics(dp.is_np):
         save_optimizer_state(dp.trainer, tmp, parameter_keys(dp.trainer, dp.net))
     with open(os.path.join(tmp, "state.json"), "w") as f:

@@ -4,13 +4,14 @@ and EarlyStopping). Both are functions of the run's history alone, so a resumed 
 decides exactly as an uninterrupted one, and a finished early stop is recognized on
 --resume without any state of its own."""
 from .errors import UserError
-from .params import save_parameters
+from .params import save_arrays, save_parameters
 
 LOWER_IS_BETTER = ("loss", "mse", "mae")
 
 
 class Monitor:
-    """``val-acc`` and the like: which record key, and which direction is better."""
+    """``val-acc`` and the like: which record key, and which direction is better. An epoch's
+    figure is the better of its weights' and, with ``--ema``, their average's (``ema_``)."""
 
     def __init__(self, flag, metric_names):
         name = flag.split("-", 1)[1]
@@ -19,28 +20,44 @@ class Monitor:
             raise UserError(f"`monitor` {flag}: this run reports {offered}")
         self.flag, self.key, self.lower = flag, "val_" + name, name in LOWER_IS_BETTER
 
+    def value(self, record):
+        """The epoch's figure: the better of the weights' and the average's."""
+        pick = min if self.lower else max
+        return pick(v for v in (record.get(self.key), record.get("ema_" + self.key)) if v is not None)
+
+    def from_average(self, record):
+        """Whether the epoch's figure is the moving average's (strictly better)."""
+        average = record.get("ema_" + self.key)
+        return average is not None and average != record[self.key] and self.value(record) == average
+
     def best(self, history):
         """The record of the best epoch so far (the first, on ties), or None."""
         scored = [r for r in history if r.get(self.key) is not None]
         if not scored:
             return None
         pick = min if self.lower else max
-        return pick(scored, key=lambda r: r[self.key])
+        return pick(scored, key=self.value)
 
     def summary(self, history):
         best = self.best(history)
-        return None if best is None else {"monitor": self.flag, "epoch": best["epoch"], "value": best[self.key]}
+        if best is None:
+            return None
+        return {"monitor": self.flag, "epoch": best["epoch"], "value": self.value(best),
+                "weights": "ema" if self.from_average(best) else "raw"}
 
 
 class BestParams:
     """Callback: ``RUN/best.params`` (atomically) whenever an epoch is the best so far."""
 
-    def __init__(self, path, net, monitor):
-        self.path, self.net, self.monitor = path, net, monitor
+    def __init__(self, path, net, monitor, average=None):
+        self.path, self.net, self.monitor, self.average = path, net, monitor, average
 
     def on_epoch_end(self, record, history):
         if self.monitor.best(history) is record:
-            save_parameters(self.net, self.path)
+            if self.average is not None and self.monitor.from_average(record):
+                save_arrays(self.average.arrays(), self.path)  # --ema: the average validated better
+            else:
+                save_parameters(self.net, self.path)
 
     def on_train_end(self, history, status, reason=None):
         pass

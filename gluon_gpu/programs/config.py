@@ -91,6 +91,9 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     cutmix: float = _flag(0.0, "classification: paste a box of a partner image covering 1-lam of it, lam ~ "
                           "Beta(ALPHA, ALPHA), the labels' losses weighed by the areas (0: off)",
                           type=non_negative_float, metavar="ALPHA")
+    ema: Optional[float] = _flag(None, "keep an exponential moving average of the weights with this decay "
+                                 "(e.g. 0.999), validated each epoch and saved as ema.params; best.params takes it "
+                                 "when its --monitor figure is better", type=below_one, metavar="DECAY")
     mixup_off_epochs: int = _flag(0, "the last N epochs without --mixup or --cutmix (GluonCV's --mixup-off-epoch)",
                                   type=non_negative_int, metavar="N")
     recipe: Optional[str] = _flag(None, "a named bundle of training flags (--recipe list shows them with "
@@ -153,7 +156,7 @@ GROUPS = {"devices": ("devices", "fused_conv", "omp_threads", "engine_threads", 
           "data": ("dataset", "data_dir", "image_size", "task", "limit", "val_limit", "pipeline", "num_workers"),
           "model": ("model", "ensemble", "ensemble_layout", "sync_bn", "hybridize", "seed"),
           "optimization": ("recipe", "epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "no_wd",
-                           "label_smoothing", "augment", "mixup", "cutmix", "mixup_off_epochs", "lr_mode", "lr_decay",
+                           "label_smoothing", "augment", "mixup", "cutmix", "mixup_off_epochs", "ema", "lr_mode", "lr_decay",
                            "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate", "clip_grad"),
           "checkpoints": ("out", "save_period", "keep", "monitor", "early_stop"),
           "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}

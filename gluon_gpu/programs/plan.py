@@ -38,7 +38,8 @@ def plan_line(config, run, ctx, out, dry_run=False):
     workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
     spec = run.data.spec
     task = (f"{len(spec.classes)} classes" if spec.task == "classify" else f"regression of {spec.outputs}")
-    augment = (f", augment {run.augment}" if run.augment else "") + (f", {run.mixing}" if run.mixing else "")
+    augment = ((f", augment {run.augment}" if run.augment else "") + (f", {run.mixing}" if run.mixing else "")
+               + (f", ema {config.ema:g}" if config.ema else ""))
     recipe = f"recipe {config.recipe}: {spelled(config)} | " if config.recipe else ""
     dry = " (dry run: not created)" if dry_run else ""
     return (f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers}{cpu_threads(ctx)} | "

@@ -2,6 +2,7 @@
 the checkpoints a run writes as it trains (Checkpointer), and the point it resumes from
 (the most advanced checkpoint that loads, at the same sample position whatever the
 worker count)."""
+import os
 import pickle
 import sys
 from dataclasses import replace
@@ -52,8 +53,8 @@ def restart_from(out):
 class Checkpointer:
     """Callback: a checkpoint every ``--save-period`` epochs and at the end (see checkpoint.py)."""
 
-    def __init__(self, out, dp, record, config, turns=1):
-        self.out, self.dp, self.record, self.config = out, dp, record, config
+    def __init__(self, out, dp, record, config, turns=1, ema=None):
+        self.out, self.dp, self.record, self.config, self.ema = out, dp, record, config, ema
         self.turns = turns  # an epoch's batches: members in turns (sequential layout) or together
         self.chief = dp.rank == 0  # in a distributed job only rank 0 writes
         self.last = None
@@ -67,7 +68,8 @@ class Checkpointer:
             return None
         state = {"epoch": epoch, "batch": batch, "workers": self.dp.num_workers, "turns": self.turns,
                  "seconds": seconds, "metrics": metrics, "history": history, **self.record}
-        self.last = save_checkpoint(self.out, self.dp, state, self.config.keep)
+        extras = {self.ema.FILE: self.ema.arrays()} if self.ema is not None else None
+        self.last = save_checkpoint(self.out, self.dp, state, self.config.keep, extras)
         return self.last
 
     def on_epoch_end(self, record, history):
@@ -103,6 +105,8 @@ def resume_point(out, run, config, say, monitor):
             continue
         try:
             load_checkpoint(directory, dp, adapt_keys(config.model, config.ensemble))
+            if run.ema is not None:  # its average goes on from the checkpoint's
+                run.ema.load(os.path.join(directory, run.ema.FILE))
             if dp.rank == 0:  # rank 0 holds the job's sums; the other workers start from zero
                 dp.sums.load_state(upgrade_metric_state(state["metrics"], dp.sums.width))
         except (UserError, mx.base.MXNetError, pickle.UnpicklingError, EOFError, KeyError, TypeError,

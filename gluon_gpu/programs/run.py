@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 
 import mxnet as mx
 
+from ..core.ema import WeightAverage
 from ..core.errors import UserError
 from ..core.heads import head_for
 from ..core.kvstores import check_options
@@ -33,6 +34,7 @@ class Run:
     pipeline: str = ""  # the input pipeline, and why when --pipeline auto chose it
     augment: str = ""  # the augmentation, every parameter written out ("" for none)
     mixing: str = ""  # mixup or cutmix, its alpha and last epoch ("" for none)
+    ema: object = None  # --ema: the WeightAverage of the weights
 
 
 def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, saved_spec=None):
@@ -70,7 +72,9 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
     augment = make_augment(config.augment, spec)
     mixing = make_mixing(config.mixup, config.cutmix, config.mixup_off_epochs, config.epochs, spec)
-    for name, block in (("augment", augment), ("mixup" if config.mixup else "cutmix", mixing)):
+    if config.ema is not None and not config.ema > 0:
+        raise UserError(f"`ema` {config.ema}: the decay must be above 0 (and below 1), e.g. 0.999")
+    for name, block in (("augment", augment), ("mixup" if config.mixup else "cutmix", mixing), ("ema", config.ema)):
         if block is not None and config.ensemble > 1:
             raise UserError(f"`{name}` does not apply to an `ensemble` yet")
     if config.no_wd:
@@ -106,7 +110,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
                tuple(warnings), f"pipeline {pipeline}" + (f" ({why})" if why else ""),
                describe(parse_augment(config.augment)) if augment is not None else "",
-               describe_mixing(mixing) if mixing is not None else "")
+               describe_mixing(mixing) if mixing is not None else "",
+               WeightAverage(dp, config.ema, pipes[1]) if config.ema else None)
 
 
 NO_DECAY = re.compile(r".*(bias|gamma|beta)$")  # GluonCV's --no-wd: biases and BatchNorm's scale and shift

@@ -24,12 +24,13 @@ def early_stopping(config, monitor):
 def chief_callbacks(config, run, out, header, monitor, say=print, resumed_at=None):
     """What rank 0 (the only writer) runs at each epoch end, in order; ``say`` shows the
     epoch line (the run's TrainLog)."""
-    callbacks = [EpochPrinter(config.epochs, say),
-                 BestParams(os.path.join(out, "best.params"), run.dp.net, monitor),
-                 MetricsFile(os.path.join(out, "metrics.json"), header,
-                             extra=lambda history: {"best": monitor.summary(history)}),
-                 MetricsCsv(os.path.join(out, "metrics.csv"), config.log_steps, resumed_at),
-                 CurvesPlot(os.path.join(out, "curves.png"))]
+    callbacks = [run.ema] if run.ema is not None else []  # first: its figures join the epoch's record
+    callbacks += [EpochPrinter(config.epochs, say),
+                  BestParams(os.path.join(out, "best.params"), run.dp.net, monitor, run.ema),
+                  MetricsFile(os.path.join(out, "metrics.json"), header,
+                              extra=lambda history: {"best": monitor.summary(history)}),
+                  MetricsCsv(os.path.join(out, "metrics.csv"), config.log_steps, resumed_at),
+                  CurvesPlot(os.path.join(out, "curves.png"))]
     if config.tensorboard:
         callbacks.append(TensorBoard(os.path.join(out, "tb"), config.log_steps))
     if config.profile:

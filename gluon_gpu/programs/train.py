@@ -17,7 +17,7 @@ from ..core.errors import DivergedError, UserError, WriteError
 from ..core.files import RunLock, remove_temporaries
 from ..core.loggers import TrainLog
 from ..core.loop import Interrupted, StopFlag, fit
-from ..core.params import ParamSnapshot, save_parameters
+from ..core.params import ParamSnapshot, save_arrays, save_parameters
 from ..models.fused_conv import is_fused
 from ..models.init import ensemble_engine_workers
 from ..models.member_stack import ensemble_variables
@@ -166,7 +166,7 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
     header = {**record, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
               "fused_conv": is_fused(dp.net), "mxnet": mx.__version__, "gluon_gpu": __version__}
     callbacks = chief_callbacks(config, run, out, header, monitor, say, start[:2] if resumed else None) if say else []
-    checkpointer = Checkpointer(out, dp, record, config, run.train.turns)
+    checkpointer = Checkpointer(out, dp, record, config, run.train.turns, run.ema)
     last_good = _KeepLastGood(dp.net, start[0])
     stop = StopFlag()
     try:
@@ -227,12 +227,15 @@ def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, prog
             say(f"early stop after epoch {history[-1]['epoch']}: {stopper.stalled(history)}")
     if say:
         save_parameters(dp.net, os.path.join(out, "net.params"))
+        if run.ema is not None:
+            save_arrays(run.ema.arrays(), os.path.join(out, run.ema.FILE))
     _end(callbacks, history, "early-stopped" if stopped_early else "finished")
     if say:
         for cb in callbacks:
             if hasattr(cb, "describe"):
                 say(cb.describe())
-        say(f"saved {out}/net.params (the last epoch), metrics.json, metrics.csv, curves.png, train.log"
+        say(f"saved {out}/net.params (the last epoch){', ema.params (their average)' if run.ema else ''}, "
+            f"metrics.json, metrics.csv, curves.png, train.log"
             f"{', tb/' if config.tensorboard else ''}; checkpoints in {out}/checkpoints")
         say(best_line(monitor, history, out))
     return 0
@@ -243,7 +246,8 @@ def best_line(monitor, history, out):
     best = monitor.best(history)
     if best is None:
         return f"best: no epoch has a {monitor.flag} figure; {out}/net.params holds the last parameters"
-    return f"best: epoch {best['epoch']}, {monitor.flag} {best[monitor.key]:.4f}: {out}/best.params"
+    weights = " (the moving average of the weights)" if monitor.from_average(best) else ""
+    return f"best: epoch {best['epoch']}, {monitor.flag} {monitor.value(best):.4f}{weights}: {out}/best.params"
 
 
 def _end(callbacks, history, status, reason=None):
