@@ -207,16 +207,6 @@ def test_augmented_run_learns_and_says_so_on_its_plan_line(tmp_path, capsys):
     assert metrics["epochs"][-1]["val_acc"] > 0.6 and metrics["config"]["augment"] == "flip,crop=2"
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--augment", "blur"], "--augment 'blur': unknown component"),
-    (["--augment", "flip", "--ensemble", "2"], "--augment does not apply to an --ensemble yet"),
-])
-def test_bad_augment_flags_are_one_line_and_exit_2(flags, message, capsys, tmp_path):
-    assert train.main(["--devices", "cpu", "--limit", "640", "--dry-run", "--out", str(tmp_path / "r")] + flags) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and message in err, err
-
-
 def test_the_accuracy_page_names_every_component_and_preset():
     import os
     from gluon_gpu.data.augment import PRESETS

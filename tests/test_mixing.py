@@ -13,7 +13,6 @@ from gluon_gpu.core.precision import precision_for
 from gluon_gpu.data import DevicePipeline, LoaderPipeline
 from gluon_gpu.data.mixing import Mixing
 from gluon_gpu.models import init_model
-from gluon_gpu.programs import train
 
 from conftest import fashion_transform, param_arrays
 
@@ -113,15 +112,3 @@ def test_mixed_training_on_two_devices_matches_one_device(train_slice):
         params.append(param_arrays(dp.net))
     for name in params[0]:
         np.testing.assert_allclose(params[0][name], params[1][name], rtol=1e-4, atol=1e-6, err_msg=name)
-
-
-@pytest.mark.parametrize("flags, message", [
-    (["--mixup", "0.2", "--cutmix", "1"], "--mixup and --cutmix are two ways to mix; choose one"),
-    (["--mixup-off-epochs", "1"], "--mixup-off-epochs needs --mixup or --cutmix"),
-    (["--mixup", "0.2", "--mixup-off-epochs", "3", "--epochs", "3"], "--mixup-off-epochs 3 leaves no epoch mixed"),
-    (["--cutmix", "1", "--ensemble", "2"], "--cutmix does not apply to an --ensemble yet"),
-])
-def test_bad_mixing_flags_are_one_line_and_exit_2(flags, message, capsys, tmp_path):
-    assert train.main(["--devices", "cpu", "--limit", "640", "--dry-run", "--out", str(tmp_path / "r")] + flags) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and message in err, err
