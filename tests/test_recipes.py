@@ -1,6 +1,5 @@
 """Recipes (--recipe, issue #26): a named bundle of flags, the user's own flags on top,
 spelled out on the plan line, recorded in the run so that --resume needs no lookup."""
-
 from gluon_gpu.programs import train
 from gluon_gpu.programs.recipes import RECIPES
 
