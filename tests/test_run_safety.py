@@ -16,6 +16,7 @@ from gluon_gpu.core.checkpoint import complete_checkpoints
 from gluon_gpu.programs import train
 
 from test_checkpoints import REPO, SMALL, assert_same_run, start, wait_for, checkpoint_names
+from conftest import read_metrics
 from failure_table import table_exit
 
 
@@ -355,3 +356,20 @@ def test_the_loader_s_workers_leave_no_temporary_files():
         assert os.listdir(tmp) == []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_reader_that_goes_away_does_not_end_the_run(tmp_path):
+    """``train | head -1``: the pipe closes after the plan line; the run trains on to the
+    end with no traceback, every line in train.log."""
+    out = str(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, "-m", "gluon_gpu.train", "--devices", "cpu", "--limit", "1280",
+                             "--val-limit", "200", "--batch-size", "64", "--epochs", "2", "--quiet", "--out", out],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("gluon_gpu ")  # the plan line
+    proc.stdout.close()  # the reader goes away
+    err = proc.stderr.read()
+    assert table_exit("the reader of the output goes away", proc.wait(timeout=120))
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert read_metrics(out)["status"] == "finished"
+    assert "best: epoch" in open(os.path.join(out, "train.log")).read().splitlines()[-1]

@@ -103,6 +103,17 @@ class TensorBoard:
         self.writer.close()
 
 
+def show(line, stream=None):
+    """Print ``line`` (to stdout, or ``stream``). A reader that went away (``train | head
+    -3``) must not end the run: the stream then goes to /dev/null, and the run goes on,
+    its lines in train.log."""
+    stream = stream or sys.stdout
+    try:
+        print(line, file=stream, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
 class TrainLog:
     """``RUN/train.log``: the lines a run shows a person (its plan, every epoch, stops, the
     end), appended as they are printed, so the run folder tells its story after the
@@ -115,7 +126,7 @@ class TrainLog:
         self.path, self._header = path, list(header)
 
     def __call__(self, line, stream=None):
-        print(line, file=stream or sys.stdout, flush=True)
+        show(line, stream)
         self.record(line)
 
     def record(self, line):

@@ -15,7 +15,7 @@ from ..core.checkpoint import complete_checkpoints, latest_checkpoint
 from ..core.devices import devices, parse_devices, require_thread_settings
 from ..core.errors import DivergedError, UserError, WriteError
 from ..core.files import RunLock, remove_temporaries
-from ..core.loggers import TrainLog
+from ..core.loggers import TrainLog, show
 from ..core.loop import Interrupted, StopFlag, fit
 from ..core.params import ParamSnapshot, save_arrays, save_parameters
 from ..models.fused_conv import is_fused
@@ -126,10 +126,10 @@ def main(argv=None):
             check_writable(out)
         if chief:
             shown = [plan_line(config, run, ctx, out, args.dry_run)]
-            print(shown[0], flush=True)
+            show(shown[0])
             for warning in run.warnings:
                 shown.append(f"gluon_gpu.train: warning: {as_flags(warning)}")
-                print(shown[-1], file=sys.stderr, flush=True)
+                show(shown[-1], sys.stderr)
         if args.dry_run:
             return 0
         with RunLock(out) if chief else contextlib.nullcontext():
