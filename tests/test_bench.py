@@ -193,3 +193,46 @@ def test_bench_of_a_zoo_model_times_gluoncv_s_loop_as_the_baseline(tmp_path, mon
     assert built == ["cifar_resnet20_v1"] and report["tutorial"]["samples_per_s"] > 0
     assert report["results"][0]["vs_tutorial"] == pytest.approx(
         report["tutorial"]["median_epoch_s"] / report["results"][0]["median_epoch_s"])
+
+
+def test_bench_compares_augmentation_settings_on_the_same_spec(tmp_path, capsys):
+    out = str(tmp_path / "bench")
+    assert bench.main(["--devices", "cpu*2", "--augment", "none", "basic", "--epochs", "2", "--limit", "1024",
+                       "--baseline", "none", "--out", out, "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    report = json.load(open(os.path.join(out, "bench.json")))
+    plain, augmented = report["results"]
+    assert (plain["name"], augmented["name"]) == ("cpu*2 none", "cpu*2 basic")
+    assert augmented["augment_cost"] == pytest.approx(augmented["median_epoch_s"] / plain["median_epoch_s"] - 1)
+    assert f"cpu*2 basic {augmented['augment_cost']:+.1%}" in printed
+
+
+def test_time_to_accuracy_against_the_baseline_loop_with_the_same_recipe(tmp_path, capsys):
+    out = str(tmp_path / "bench")
+    assert bench.main(["--to-accuracy", "0.6", "--recipe", "lenet", "--devices", "cpu*2", "--limit", "2560",
+                       "--val-limit", "500", "--num-workers", "0", "--out", out, "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "time to val-acc 0.6 on cpu*2: lenet, recipe lenet" in printed
+    report = json.load(open(os.path.join(out, "accuracy.json")))
+    ours, theirs = report["results"]
+    assert report["config"]["lr"] == 0.2 and report["config"]["lr_mode"] == "cosine"  # the recipe, for both
+    for r in (ours, theirs):
+        seconds, accuracy = zip(*r["curve"])
+        assert list(seconds) == sorted(seconds) and accuracy[-1] >= 0.6 and all(a < 0.6 for a in accuracy[:-1])
+        assert r["seconds_to_target"] == seconds[-1] and r["epochs_to_target"] == len(seconds)
+    assert ours["speedup"] == pytest.approx(theirs["seconds_to_target"] / ours["seconds_to_target"])
+    assert os.path.getsize(os.path.join(out, "accuracy.png")) > 0
+
+
+def test_the_baseline_loop_augments_as_gluoncv_and_refuses_what_it_cannot():
+    from mxnet import nd
+    from gluon_gpu.core.errors import UserError
+    from gluon_gpu.data.augment import parse_augment
+    from gluon_gpu.programs.tutorial_loop import host_transforms
+    image = nd.array(mx.nd.arange(28 * 28).reshape(28, 28, 1), dtype="uint8")
+    before, after = host_transforms(parse_augment("flip,crop=4,rotate=10"), (28, 28))
+    for transform in before:
+        assert transform(image).shape == (28, 28, 1)
+    assert after[0](nd.zeros((1, 28, 28))).shape == (1, 28, 28) and len(before) == 2
+    with pytest.raises(UserError, match="no host transform for `augment` erase"):
+        host_transforms(parse_augment("erase"), (28, 28))

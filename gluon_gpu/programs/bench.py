@@ -35,9 +35,9 @@ from ..core.precision import check_precision, precision_for
 from ..data import load_dataset
 from ..models import get_model
 from ..models.zoo import model_for
-from . import bench_ensembles, bench_variants
+from . import bench_accuracy, bench_ensembles, bench_variants
 from .bench_timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours, time_tutorial
-from .cli import Parser, main_guard, positive_int, progress_enabled
+from .cli import Parser, main_guard, positive_int, progress_enabled, unit_fraction
 from .config import COMMON_FLAGS, add_flags
 from .train import check_writable
 
@@ -58,6 +58,11 @@ def build_parser():
     p.add_argument("--workers", type=positive_int, nargs="+", default=None, metavar="W",
                    help="distributed mode: time a dist_sync job of W local workers (same global "
                         "batch, the first --devices spec each) against one plain process")
+    p.add_argument("--to-accuracy", type=unit_fraction, default=None, metavar="ACC",
+                   help="time to accuracy: wall time until val-acc >= ACC (validation counted), ours against "
+                        "the baseline loop with the same --recipe, on the first --devices spec")
+    p.add_argument("--recipe", default=None, metavar="NAME", help="--to-accuracy: the recipe both loops train "
+                   "(gluon-gpu-train --recipe list), at most its epochs")
     p.add_argument("--out", default="bench-out", help="directory for bench.json and scaling.png")
     return p
 
@@ -224,6 +229,10 @@ def main(argv=None):
     if args.workers:
         return run_workers(args)
     data = load_dataset(data_dir=args.data_dir, limit=args.limit, val_limit=args.val_limit)
+    if args.to_accuracy:
+        epochs = bench_accuracy.bench_config(args).epochs * (1 + (args.baseline == "tutorial"))
+        with tqdm(total=epochs, desc="bench", unit="epoch", disable=not progress_enabled(args)) as bar:
+            return bench_accuracy.run_to_accuracy(args, data, bar)
     modes, augments = list(dict.fromkeys(args.fused_conv)), list(dict.fromkeys(args.augment))
     total = args.epochs * args.repeats * (len(args.devices) * len(modes) * len(augments)
                                           + (args.baseline == "tutorial"))

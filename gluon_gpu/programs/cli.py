@@ -95,6 +95,14 @@ def below_one(text):
     return value
 
 
+def unit_fraction(text):
+    """Above 0 and at most 1, as an accuracy is."""
+    value = _number(float, text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text!r}")
+    return value
+
+
 def thread_count(text):
     """A thread count for MXNet's variables at start: 0 (as set) or up to what
     core/environment.py accepts of them."""
