@@ -112,3 +112,13 @@ def test_mixed_training_on_two_devices_matches_one_device(train_slice):
         params.append(param_arrays(dp.net))
     for name in params[0]:
         np.testing.assert_allclose(params[0][name], params[1][name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_mixing_is_refused_for_regression():
+    from gluon_gpu.core.errors import UserError
+    from gluon_gpu.data import DataSpec
+    from gluon_gpu.data.mixing import make_mixing
+    spec = DataSpec("npz", "regress", (1, 8, 8), 1, [0.0], [1.0], "float32")
+    with pytest.raises(UserError, match="`mixup` mixes class labels; this data is task regress"):
+        make_mixing(0.2, 0.0, 0, 10, spec)
+    assert make_mixing(0.0, 0.0, 0, 10, spec) is None
