@@ -20,6 +20,13 @@ RECIPES = {
         "the tutorial's LeNet and epochs with momentum, cosine decay, weight decay and label smoothing",
         "val-acc 0.9102 after 10 epochs (make train's settings: 0.8768) on the 10,000 test images, seed 0, "
         "cpu*2, 2026-12-04"),
+    "resnet20": Recipe(
+        {"model": "cifar_resnet20_v1", "epochs": 40, "batch_size": 128, "lr": 0.1, "momentum": 0.9, "wd": 5e-4,
+         "no_wd": True, "lr_mode": "cosine", "warmup_epochs": 2, "label_smoothing": 0.1,
+         "augment": "flip,crop=2,erase=0.5"},
+        "GluonCV's CIFAR ResNet-20 with flips, 2-pixel crops, random erasing, label smoothing and cosine decay",
+        "val-acc 0.9489 after 40 epochs (best 0.9490, epoch 38; Zalando's table: ResNet18 0.949) on the 10,000 "
+        "test images, seed 0, cpu*2, 57 minutes of training, 2026-12-04"),
 }
 
 
