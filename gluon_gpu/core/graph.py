@@ -80,7 +80,7 @@ def _head_sums(F, head, out, y, k, training, slots=None, partner=None):
     loss, metrics = head.per_sample(F, out, y, training)
     if partner is not None:  # mixed samples: the partner's label weighs 1 - lam
         other, lam = partner
-        loss = lam * loss + (1 - lam) * head.per_sample(F, out, other, training)[0]
+        loss = lam * loss + (1 - lam) * head.loss_of(F, out, other, training)
     sums = [F.sum(F.reshape(v, shape=(-1, k)), axis=0) for v in [loss] + metrics]
     placed = [_in_slots(F, s, k, slots) for s in sums] if slots else sums
     stats = F.concat(*(placed + parts), dim=0)

@@ -38,7 +38,11 @@ class Head:
     def per_sample(self, F, out, y, training=False):
         """``(loss (n,), [metric (n,) per name])``; ``training``: the loss backward starts
         from, which a head may regularize (Classification's label smoothing)."""
-        return self.loss(out, y), [fn(F, out, y) for fn in self.metrics.values()]
+        return self.loss_of(F, out, y, training), [fn(F, out, y) for fn in self.metrics.values()]
+
+    def loss_of(self, F, out, y, training=False):  # pylint: disable=unused-argument
+        """The loss alone, ``(n,)`` (a mixed sample's partner has no metrics)."""
+        return self.loss(out, y)
 
     def combine(self, F, outs):
         """An ensemble's outputs ``(n, K, ...)`` as one output ``(n, ...)``."""
@@ -95,13 +99,12 @@ class Classification(Head):
         self.classes, self.smoothing = classes, label_smoothing
         self._soft_loss = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
 
-    def per_sample(self, F, out, y, training=False):
-        loss, metrics = super().per_sample(F, out, y)
-        if training and self.smoothing:
-            spread = self.smoothing / self.classes
-            loss = self._soft_loss(out, F.one_hot(y, depth=self.classes, on_value=1 - self.smoothing + spread,
-                                                  off_value=spread))
-        return loss, metrics
+    def loss_of(self, F, out, y, training=False):
+        if not (training and self.smoothing):
+            return self.loss(out, y)
+        spread = self.smoothing / self.classes
+        return self._soft_loss(out, F.one_hot(y, depth=self.classes, on_value=1 - self.smoothing + spread,
+                                              off_value=spread))
 
     def exploded(self, loss):
         return loss > self.limit

@@ -63,7 +63,7 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
     done = start_batch
     with bar:
         for i, batch in enumerate(pipeline.epoch(epoch, start_batch), start_batch + 1):
-            dp.step(*batch, return_loss=False, flush=i == batches)  # (data, label[, augmentation parameters])
+            dp.step(*batch, return_loss=False, flush=i == batches)  # (data, label[, augmentation[, mixing]])
             if on_step is not None:
                 on_step()
             sync_point = i % log_interval == 0 or i == batches  # the same steps on every worker

@@ -50,7 +50,7 @@ def ours(config, data, target, bar):
 def baseline(config, data, target, bar):
     ctx = parse_devices(config.devices)
     iters = math.ceil(len(data.train_x) / config.batch_size)
-    recipe = tutorial_loop.Recipe(config, iters, target, data.spec.input_shape[1:])
+    recipe = tutorial_loop.BaselineRecipe(config, iters, target, data.spec.input_shape[1:])
     curve = []
 
     def on_epoch(epoch, loss, seconds, accuracy):

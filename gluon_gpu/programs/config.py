@@ -156,8 +156,8 @@ GROUPS = {"devices": ("devices", "fused_conv", "omp_threads", "engine_threads", 
           "data": ("dataset", "data_dir", "image_size", "task", "limit", "val_limit", "pipeline", "num_workers"),
           "model": ("model", "ensemble", "ensemble_layout", "sync_bn", "hybridize", "seed"),
           "optimization": ("recipe", "epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "no_wd",
-                           "label_smoothing", "augment", "mixup", "cutmix", "mixup_off_epochs", "ema", "lr_mode", "lr_decay",
-                           "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate", "clip_grad"),
+                           "label_smoothing", "augment", "mixup", "cutmix", "mixup_off_epochs", "ema", "lr_mode",
+                           "lr_decay", "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate", "clip_grad"),
           "checkpoints": ("out", "save_period", "keep", "monitor", "early_stop"),
           "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}

@@ -3,7 +3,7 @@ each with the result it was measured to reach. The user's own flags override any
 of a recipe; the plan line prints the recipe as applied. ``--recipe list`` shows them.
 
 A recipe's figure is a measurement of one run (seed 0, the full FashionMNIST test set)
-with the version named; docs/recipes.md says how it was measured and how long it took.
+on the date named; docs/accuracy.md says how it was measured and how long it took.
 """
 from collections import namedtuple
 from dataclasses import replace

@@ -12,7 +12,7 @@ from ..core.kvstores import check_options
 from ..core.parallel import DataParallel
 from ..core.precision import check_precision, precision_for
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
-from ..data.augment import describe, make_augment, parse_augment
+from ..data.augment import describe, make_augment
 from ..data.mixing import describe as describe_mixing, make_mixing
 from ..data.pipelines import choose_pipeline, device_copy_bytes, device_only
 from ..models import init_model
@@ -109,7 +109,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                         f"training samples: every epoch is one update of {len(data.train_y)} samples")
     return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
                tuple(warnings), f"pipeline {pipeline}" + (f" ({why})" if why else ""),
-               describe(parse_augment(config.augment)) if augment is not None else "",
+               describe(augment.components) if augment is not None else "",
                describe_mixing(mixing) if mixing is not None else "",
                WeightAverage(dp, config.ema, pipes[1]) if config.ema else None)
 

@@ -38,7 +38,7 @@ def run(train_images, train_labels, test_images, test_labels, devices, epochs,
         batch_size=256, num_workers=4, on_epoch=None, model="lenet", classes=10, recipe=None):
     """Train as the tutorial does; returns per-epoch seconds and the final validation accuracy.
 
-    ``recipe`` (bench --to-accuracy): a :class:`Recipe` the loop trains with as GluonCV's
+    ``recipe`` (bench --to-accuracy): a :class:`BaselineRecipe` the loop trains with as GluonCV's
     scripts do: its optimizer and schedule, per-sample host transforms, smoothed one-hot
     labels; it then validates after every epoch inside the timed span, passes the accuracy
     to ``on_epoch(epoch, loss, seconds, accuracy)``, and stops at ``recipe.until``."""
@@ -106,7 +106,7 @@ def _accuracy(net, valid_data, devices, samples):
     return valid_acc / samples
 
 
-class Recipe:
+class BaselineRecipe:
     """A run configuration's recipe as the baseline loop trains it: ``optimizer`` and
     ``optimizer_params`` (run.optimizer_params: the same schedule), ``transforms`` (GluonCV's
     and Gluon's host transforms for ``config.augment``), ``smoothing``, ``no_wd``, and
