@@ -30,5 +30,6 @@ setup(
         "gluon-gpu-predict=gluon_gpu.predict:main",
         "gluon-gpu-bench=gluon_gpu.bench:main",
         "gluon-gpu-launch=gluon_gpu.launch:main",
+        "gluon-gpu-pack=gluon_gpu.pack:main",
     ]},
 )

@@ -1,5 +1,6 @@
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -7,6 +8,8 @@ import mxnet as mx
 
 from gluon_gpu.core.precision import cpu_flags
 from gluon_gpu.data.fashion_mnist import fashion_spec, find_data_dir, load_split
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 
 needs_bf16 = pytest.mark.skipif(not cpu_flags() & {"avx512_bf16", "amx_bf16"},
                                 reason="this CPU has no AVX-512 BF16 instructions")
@@ -88,6 +91,19 @@ def make_image_folder(root, per_class=(60, 20), size=32, seed=0):
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory):
     return make_image_folder(tmp_path_factory.mktemp("folder") / "shapes")
+
+
+@pytest.fixture(scope="session")
+def fashion_folder(tmp_path_factory, train_slice):
+    """1536 training and 512 validation images of real FashionMNIST as a PNG image folder."""
+    from gluon_gpu.data.fashion_mnist import CLASSES
+    from image_folders import write_images
+    root = tmp_path_factory.mktemp("fashion") / "png"
+    x, y = train_slice
+    names = [c.replace("/", "-") for c in CLASSES]
+    write_images(os.path.join(root, "train"), x[:1536], y[:1536], names)
+    write_images(os.path.join(root, "val"), x[1536:], y[1536:], names)
+    return str(root)
 
 
 # `make check`: modules that together cover every layer in under 2 minutes.

@@ -108,6 +108,32 @@ def test_an_augmented_mixed_job_equals_one_process(tmp_path):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
 
 
+def test_a_streamed_job_reads_each_worker_s_share_and_equals_one_process(tmp_path, fashion_folder):
+    """Over an image folder read from disk per batch, each worker's DataLoader decodes
+    only its slice of every global batch: the two workers' reads are disjoint halves of
+    the epoch, and the job ends where one process with both devices ends."""
+    flags = ["--dataset", "folder", "--data-dir", fashion_folder, "--pipeline", "loader", "--epochs", "1"]
+    logs = tmp_path / "reads"
+    logs.mkdir()
+    job = uuid.uuid4().hex
+    proc = run_launch(["-n", "2", "-s", "1", "--timeout", "200", "--", sys.executable,
+                       os.path.join(REPO, "tests", "counted_reads.py"), str(logs)] + TRAIN[3:-4] + flags
+                      + ["--batch-size", "64", "--out", str(tmp_path / "job")], job)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    reads = []
+    for name in sorted(os.listdir(logs)):
+        with open(logs / name) as f:
+            reads.append([line for line in f.read().splitlines() if "/train/" in line])
+    assert len(reads) == 2 and len(reads[0]) == len(reads[1]) == 768  # 1536 images, 12 global batches of 128
+    assert not set(reads[0]) & set(reads[1])
+    single = str(tmp_path / "single")
+    assert train.main(["--devices", "cpu*2", "--quiet", "--batch-size", "128", "--out", single] + flags) == 0
+    want, got = params(os.path.join(single, "net.params")), params(tmp_path / "job" / "net.params")
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
 def test_a_dead_worker_stops_the_whole_job_and_leaves_no_process(tmp_path):
     job = uuid.uuid4().hex
     proc = run_launch(["-n", "2", "-s", "1", "--grace", "3", "--"] + TRAIN +

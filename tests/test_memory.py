@@ -115,8 +115,9 @@ def tiny_folder(tmp_path_factory):
 
 
 @pytest.mark.parametrize("flags, refusal", [
-    # the issue's --image-size 20000 (a MemoryError then): 18 RGB images decoded would be 20 GiB
-    (["--image-size", "20000"], "decoding the 18 images of"),
+    # the issue's --image-size 20000 (a MemoryError then): one RGB image decoded is 1.1 GiB, and the
+    # first one decoded is for the mean and std
+    (["--image-size", "20000"], "decoding 1 image of"),
     # decoded (18 MB) they fit; LeNet's training state on 1000x1000 inputs (~2 GiB) does not
     (["--image-size", "1000"], "--model lenet on inputs of 3x1000x1000 with batches of 12 samples"),
 ])

@@ -1,11 +1,12 @@
-"""The data layer: datasets (FashionMNIST, image folders, npz files, arrays, Gluon
-datasets), what a run records of them (:class:`DataSpec`), and the input pipelines."""
+"""The data layer: datasets (FashionMNIST, image folders, RecordIO, npz files, arrays,
+Gluon datasets), what a run records of them (:class:`DataSpec`), and the input pipelines."""
 from collections import namedtuple
 
 from ..core.errors import DataError
 from .arrays import Dataset, from_arrays, from_gluon, read_npz
 from .fashion_mnist import read_fashion_mnist
-from .images import read_folder
+from .folders import read_folder
+from .recordio import read_rec
 from .pipelines import PIPELINES, DevicePipeline, LoaderPipeline, epoch_order, make_pipeline
 from .spec import DataSpec
 
@@ -18,17 +19,22 @@ DATASETS = {
     "fashion-mnist": DatasetKind(read_fashion_mnist, "the folder of FashionMNIST's IDX files, found if not given"),
     "folder": DatasetKind(read_folder, "an image folder DIR with train/<class>/ and val/<class>/"),
     "npz": DatasetKind(read_npz, "a FILE.npz with x_train, y_train, x_val, y_val"),
+    "rec": DatasetKind(read_rec, "a folder DIR with train.rec, train.idx, val.rec, val.idx (gluon_gpu.pack's or "
+                                 "im2rec's)"),
 }
 
 
-def load_dataset(name="fashion-mnist", data_dir=None, image_size=None, task=None, limit=None, val_limit=None):
+def load_dataset(name="fashion-mnist", data_dir=None, image_size=None, task=None, limit=None, val_limit=None,
+                 decoded=True, num_workers=0):
     """The training and validation data of the dataset kind ``name`` (:data:`DATASETS`),
-    its first ``limit`` training and ``val_limit`` validation samples."""
+    its first ``limit`` training and ``val_limit`` validation samples; ``decoded=False``:
+    images stay on disk, read per sample, until the run decides (``Dataset.decoded``)."""
     if name not in DATASETS:
         raise DataError(f"unknown `dataset` {name!r}: choose one of {', '.join(DATASETS)}")
-    return DATASETS[name].read(data_dir, image_size, task).limited(limit, val_limit)
+    data = DATASETS[name].read(data_dir, image_size, task).limited(limit, val_limit)
+    return data.decoded(num_workers) if decoded else data
 
 
 __all__ = ["DATASETS", "Dataset", "DatasetKind", "DataSpec", "DevicePipeline", "LoaderPipeline", "PIPELINES",
            "epoch_order", "from_arrays", "from_gluon", "load_dataset", "make_pipeline", "read_folder",
-           "read_npz"]
+           "read_npz", "read_rec"]

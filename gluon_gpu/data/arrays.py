@@ -1,7 +1,7 @@
 """Data from arrays: the checks and the spec every array source shares (npz files,
 numpy arrays and Gluon datasets in Python, image folders once decoded)."""
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -16,18 +16,36 @@ MAX_CLASSES = 2 ** 20  # far above any real label set (ImageNet-21k: 21,841), fa
 
 @dataclass
 class Dataset:
-    """Training and validation arrays and their :class:`DataSpec`."""
-    train_x: np.ndarray
+    """Training and validation inputs, their targets and their :class:`DataSpec`. The
+    inputs are numpy arrays, or image sources (sources.py) read from disk per sample
+    until :meth:`decoded`."""
+    train_x: object
     train_y: np.ndarray
-    val_x: np.ndarray
+    val_x: object
     val_y: np.ndarray
     spec: DataSpec
+
+    @property
+    def on_disk(self):
+        """Whether the inputs are read from disk per sample (not yet decoded)."""
+        return hasattr(self.train_x, "decode_all")
 
     def limited(self, limit=None, val_limit=None):
         """The first ``limit`` training and ``val_limit`` validation samples only (quick
         runs, tests; None: all)."""
-        return Dataset(self.train_x[:limit], self.train_y[:limit], self.val_x[:val_limit], self.val_y[:val_limit],
-                       self.spec)
+        def first(x, n):
+            return x.first(n) if hasattr(x, "first") else x[:n]
+        train_y = self.train_y[:limit]
+        return Dataset(first(self.train_x, limit), train_y, first(self.val_x, val_limit), self.val_y[:val_limit],
+                       replace(self.spec, samples=len(train_y)))
+
+    def decoded(self, num_workers=0):
+        """This data with its inputs in memory (images on disk decoded by ``num_workers``
+        processes)."""
+        if not self.on_disk:
+            return self
+        return Dataset(self.train_x.decode_all(num_workers), self.train_y, self.val_x.decode_all(num_workers),
+                       self.val_y, self.spec)
 
 
 def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=None, std=None,
@@ -80,7 +98,8 @@ def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=No
         mean, std = channel_stats(x_train, input_scale(dtype))
     spec = DataSpec(dataset=dataset, task=task, input_shape=tuple(int(d) for d in x_train.shape[1:]),
                     outputs=outputs, mean=list(map(float, np.atleast_1d(mean))),
-                    std=list(map(float, np.atleast_1d(std))), dtype=dtype, classes=classes, source=source)
+                    std=list(map(float, np.atleast_1d(std))), dtype=dtype, classes=classes, source=source,
+                    samples=len(x_train))
     targets = (lambda y: y.astype(np.int32)) if task == "classify" else (lambda y: y.astype(np.float32))
     return Dataset(x_train, targets(y_train), x_val, targets(y_val), spec)
 

@@ -48,7 +48,7 @@ class DevicePipeline:
     """
 
     def __init__(self, inputs, targets, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1),
-                 member_groups=None, in_turns=False, augment=None, mixing=None):
+                 member_groups=None, in_turns=False, augment=None, mixing=None, num_workers=0):
         for name, block in (("augment", augment), ("mixup", mixing)):
             if block is not None and members > 1:
                 raise UserError(f"`{name}` does not apply to an `ensemble` yet")
@@ -58,19 +58,15 @@ class DevicePipeline:
         self.member_groups = member_groups
         self.turns = len(member_groups) if in_turns else 1
         self.rank, self.workers = shard
-        if self.workers > 1:  # equal steps on every worker: whole global batches only
-            self.n -= self.n % (batch_size * self.workers)
-            if self.n == 0:
-                raise UserError(f"{len(inputs)} samples do not fill one global batch of "
-                                f"{batch_size} x {self.workers} workers")
-        dtype = "uint8" if inputs.dtype == np.uint8 else "float32"
+        self.n = whole_global_batches(self.n, batch_size, self.workers)
         copy = device_copy_bytes(inputs, targets)
         check_fits({c: copy for c in dict.fromkeys(self.ctx)},
                    f"`pipeline` device: a copy of {len(inputs)} samples on each of {len(set(self.ctx))} device(s)",
                    "use `pipeline` loader, which keeps one copy on the host, or fewer samples (`limit`)")
-        stored = {c: (nd.array(inputs, ctx=c, dtype=dtype), nd.array(targets, ctx=c, dtype="float32"))
-                  for c in dict.fromkeys(self.ctx)}  # once per device, however many groups live there
-        self._inputs, self._targets = ([stored[c][i] for c in self.ctx] for i in (0, 1))
+        devices = list(dict.fromkeys(self.ctx))  # a copy per device, however many groups live there
+        stored = dict(zip(devices, _copies(inputs, devices, num_workers)))
+        labels = {c: nd.array(targets, ctx=c, dtype="float32") for c in devices}
+        self._inputs, self._targets = [stored[c] for c in self.ctx], [labels[c] for c in self.ctx]
 
     def __len__(self):
         """Batches the loop steps through in one epoch (every turn's)."""
@@ -118,38 +114,78 @@ class DevicePipeline:
                 yield batch + (augs,) if augs else batch
 
 
-class _EpochSampler(gluon.data.Sampler):
-    """Batch sampler over :func:`epoch_order`; ``set_epoch`` picks the permutation and,
-    mixing, each sample's partner: a batch is then its samples followed by their partners."""
+def _copies(inputs, devices, num_workers):
+    """``inputs`` on each of ``devices``. Images on disk (an image source) are decoded by
+    ``num_workers`` processes a batch at a time straight into the device copies: no
+    host copy of the whole set besides them."""
+    if not hasattr(inputs, "decode_all"):
+        dtype = "uint8" if inputs.dtype == np.uint8 else "float32"
+        return [nd.array(inputs, ctx=c, dtype=dtype) for c in devices]
+    copies = [nd.empty(inputs.shape, ctx=c, dtype="uint8") for c in devices]
+    for start, batch in inputs.batches(num_workers):
+        for copy in copies:
+            copy[start:start + len(batch)] = batch
+    return copies
 
-    def __init__(self, n, batch_size, seed, shuffle):
-        self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
-        self.epoch, self.start_batch, self.partner = 0, 0, None
+
+class _EpochSampler(gluon.data.Sampler):
+    """Batch sampler over :func:`epoch_order`, cut as :class:`DevicePipeline` cuts it
+    (``shard``: this worker's slice of each global batch); ``set_epoch`` picks the
+    permutation and, mixing, each sample's partner: a batch is then its samples followed
+    by their partners. ``samples_read`` counts the samples it has asked the loader for."""
+
+    def __init__(self, n, batch_size, seed, shuffle, shard=(0, 1)):
+        self.total, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
+        self.rank, self.workers = shard
+        self.n = whole_global_batches(n, batch_size, self.workers)
+        self.epoch, self.start_batch, self.partner, self.samples_read = 0, 0, None, 0
 
     def set_epoch(self, epoch, start_batch=0, partner=None):
         self.epoch, self.start_batch, self.partner = epoch, start_batch, partner
 
     def __iter__(self):
-        order = epoch_order(self.n, self.seed, self.epoch, self.shuffle)
-        for start in range(self.start_batch * self.batch_size, self.n, self.batch_size):
-            own = order[start:start + self.batch_size]
+        order = epoch_order(self.total, self.seed, self.epoch, self.shuffle)[:self.n]
+        step = self.batch_size * self.workers
+        for batch in range(self.start_batch, len(self)):
+            lo = min(batch * step + self.rank * self.batch_size, self.n)
+            own = order[lo:lo + self.batch_size]
+            self.samples_read += len(own) * (1 if self.partner is None else 2)
             yield (own if self.partner is None else np.concatenate([own, self.partner[own]])).tolist()
 
     def __len__(self):
-        return -(-self.n // self.batch_size)
+        return -(-self.n // (self.batch_size * self.workers))
+
+
+def whole_global_batches(n, batch_size, workers):
+    """The samples of ``n`` a job of ``workers`` trains on: whole global batches only, so
+    every worker takes the same number of steps."""
+    if workers == 1:
+        return n
+    kept = n - n % (batch_size * workers)
+    if kept == 0:
+        raise UserError(f"{n} samples do not fill one global batch of {batch_size} x {workers} workers")
+    return kept
 
 
 class LoaderPipeline:
     """Gluon's ``DataLoader`` over ``dataset`` (any ``gluon.data.Dataset`` of
-    ``(input, target)`` samples), in :func:`epoch_order`; yields host batches that the
-    step cuts over the devices."""
+    ``(input, target)`` samples: arrays in memory, or images its ``num_workers`` worker
+    processes read from disk), in :func:`epoch_order`; yields host batches that the step
+    cuts over the devices. ``shard=(rank, workers)``: this worker's slice of every global
+    batch, the only samples it reads."""
 
     turns = 1
 
-    def __init__(self, dataset, batch_size, seed=0, shuffle=True, num_workers=0, augment=None, mixing=None):
+    def __init__(self, dataset, batch_size, seed=0, shuffle=True, num_workers=0, augment=None, mixing=None,
+                 shard=(0, 1)):
         self.n, self.augment, self.mixing = len(dataset), augment, mixing
-        self._sampler = _EpochSampler(self.n, batch_size, seed, shuffle)
-        self._loader = _start_loader(dataset, self._sampler, num_workers)
+        self._sampler = _EpochSampler(self.n, batch_size, seed, shuffle, shard)
+        self._loader = start_loader(dataset, num_workers, batch_sampler=self._sampler)
+
+    @property
+    def samples_read(self):
+        """Samples this process has read since it started (a distributed worker: its share)."""
+        return self._sampler.samples_read
 
     def __len__(self):
         return len(self._sampler)
@@ -176,14 +212,14 @@ class LoaderPipeline:
                    nd.array(mix[1][indices[:n]]))
 
 
-def _start_loader(dataset, sampler, num_workers):
+def start_loader(dataset, num_workers, **options):
     """Gluon's DataLoader. Its worker processes each made a temporary directory
     (``pymp-*``, for the sockets that pass shared memory) and, stopped at exit, never
     removed it (2 runs of 3 left some behind). Made here first, this process's is the one
     the workers inherit, and multiprocessing removes it at exit, after the workers."""
     if num_workers:
         multiprocessing.util.get_temp_dir()
-    return gluon.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
+    return gluon.data.DataLoader(dataset, num_workers=num_workers, **options)
 
 
 PIPELINES = ("auto", "device", "loader")
@@ -195,12 +231,12 @@ def device_copy_bytes(inputs, targets):
     return inputs.size * (1 if inputs.dtype == np.uint8 else 4) + targets.size * 4
 
 
-def choose_pipeline(kind, copy_bytes, ctx, device_only=None):
+def choose_pipeline(kind, copy_bytes, ctx, device_only=None, on_disk=False):
     """``(pipeline, why)`` for the ``pipeline`` flag ``kind``: ``auto`` keeps the data on
     the devices when a copy of ``copy_bytes`` per device of ``ctx`` fits in the memory
-    this process may use (core.memory: the cgroup's limit counts), and reads batches from
-    one host copy (``loader``) when it does not; ``device_only``: why nothing but the
-    device pipeline will do (an ensemble, a distributed job)."""
+    this process may use (core.memory: the cgroup's limit counts), and otherwise reads
+    batches (``loader``): from one host copy, or from disk for images still there
+    (``on_disk``); ``device_only``: why nothing but the device pipeline will do."""
     if kind != "auto":
         return kind, ""
     if device_only:
@@ -210,26 +246,27 @@ def choose_pipeline(kind, copy_bytes, ctx, device_only=None):
     short = shortfall({device: copy_bytes for device in devices})
     if short:
         where, _, free = short
-        return "loader", f"auto: {copies} would not fit in the {gib(free)} {where} has free"
+        return "loader", (f"auto: {copies} would not fit in the {gib(free)} {where} has free"
+                          + ("; batches are read from disk" if on_disk else ""))
     return "device", f"auto: {copies} fit in the {gib(available_bytes(devices[0]))} free"
 
 
-def device_only(members, shard):
+def device_only(members):
     """Why a run can use the device pipeline only, or None."""
-    return "an ensemble needs it" if members > 1 else "a distributed job needs it" if shard[1] > 1 else None
+    return "an ensemble needs it" if members > 1 else None
 
 
 def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
                   members=1, shard=(0, 1), member_groups=None, in_turns=False, augment=None, mixing=None):
-    """The ``kind`` pipeline over arrays ``inputs`` and ``targets`` (``auto``: see
-    :func:`choose_pipeline`); ``augment``, ``mixing``: its batches carry their parameters."""
-    kind, _ = choose_pipeline(kind, device_copy_bytes(inputs, targets), ctx, device_only(members, shard))
+    """The ``kind`` pipeline over ``inputs`` (arrays, or an image source read from disk)
+    and ``targets`` (``auto``: see :func:`choose_pipeline`); ``augment``, ``mixing``: its
+    batches carry their parameters."""
+    on_disk = hasattr(inputs, "decode_all")
+    kind, _ = choose_pipeline(kind, device_copy_bytes(inputs, targets), ctx, device_only(members), on_disk)
     if kind == "loader":
         if members > 1:
             raise UserError("`ensemble` needs `pipeline` device")
-        if shard[1] > 1:
-            raise UserError("a distributed kvstore needs `pipeline` device")
-        dataset = gluon.data.ArrayDataset(inputs, targets.astype(np.float32))
-        return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers, augment, mixing)
+        dataset = inputs if on_disk else gluon.data.ArrayDataset(inputs, targets.astype(np.float32))
+        return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers, augment, mixing, shard)
     return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard, member_groups, in_turns,
-                          augment, mixing)
+                          augment, mixing, num_workers)

@@ -15,7 +15,8 @@ class DataSpec:
     ``(F,)`` features. ``dtype``: as stored, ``uint8`` (images: scaled by 1/255 first, as
     ``ToTensor``) or ``float32``. ``mean``/``std``: per channel (per feature), after that
     scaling. ``classes``: class names (classification); ``outputs``: the network's output
-    width (the class count, or the regression target's width)."""
+    width (the class count, or the regression target's width). ``samples``: the training
+    samples a run trains on (a resumed run must find as many)."""
     dataset: str
     task: str
     input_shape: Tuple[int, ...]
@@ -25,6 +26,7 @@ class DataSpec:
     dtype: str = "uint8"
     classes: Optional[List[str]] = None
     source: str = field(default="", compare=False)
+    samples: Optional[int] = field(default=None, compare=False)
 
     def to_dict(self):
         return asdict(self)
@@ -53,6 +55,18 @@ class DataSpec:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 raise DataError(f"{what} has {name.replace('_', ' ')} {theirs}, this run's is {mine}")
+
+
+    def check_same_data(self, other, what):
+        """Refuse other data than this run's (DataError): :meth:`check_compatible`, and
+        the same classes and number of training samples (``--resume``)."""
+        self.check_compatible(other, what)
+        if self.classes != other.classes:
+            raise DataError(f"{what} has classes {', '.join(other.classes or [])}; this run's are "
+                            f"{', '.join(self.classes or [])}")
+        if self.samples is not None and self.samples != other.samples:
+            raise DataError(f"{what} has {other.samples} training samples; this run trained on {self.samples}: a run "
+                            "resumes on the data it started with")
 
 
 def input_scale(dtype):

@@ -44,8 +44,8 @@ from .train import check_writable
 
 def build_parser():
     p = Parser(prog="gluon_gpu.bench", description=__doc__)
-    add_flags(p, COMMON_FLAGS + ("model", "bucket_mb", "pipeline", "num_workers", "limit", "val_limit", "dtype",
-                                 "amp", "ensemble_layout", "augment"),
+    add_flags(p, COMMON_FLAGS + ("model", "bucket_mb", "dataset", "image_size", "pipeline", "num_workers", "limit",
+                                 "val_limit", "dtype", "amp", "ensemble_layout", "augment"),
               many=("devices", "fused_conv", "ensemble_layout", "augment") + bench_variants.PROCESS_WIDE,
               defaults={"devices": None, "augment": "none"})
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs per run (the first is reported apart)")
@@ -228,11 +228,12 @@ def main(argv=None):
         return bench_ensembles.run_ensembles(args, parser)
     if args.workers:
         return run_workers(args)
-    data = load_dataset(data_dir=args.data_dir, limit=args.limit, val_limit=args.val_limit)
+    data = load_dataset(args.dataset, args.data_dir, args.image_size, limit=args.limit, val_limit=args.val_limit,
+                        decoded=False)  # each run decodes it, or streams it, as its pipeline does
     if args.to_accuracy:
         epochs = bench_accuracy.bench_config(args).epochs * (1 + (args.baseline == "tutorial"))
         with tqdm(total=epochs, desc="bench", unit="epoch", disable=not progress_enabled(args)) as bar:
-            return bench_accuracy.run_to_accuracy(args, data, bar)
+            return bench_accuracy.run_to_accuracy(args, data.decoded(), bar)
     modes, augments = list(dict.fromkeys(args.fused_conv)), list(dict.fromkeys(args.augment))
     total = args.epochs * args.repeats * (len(args.devices) * len(modes) * len(augments)
                                           + (args.baseline == "tutorial"))
@@ -247,7 +248,7 @@ def main(argv=None):
                     rows.append({**summarize(name, runs, info["samples"], info["devices"]), "spec": spec,
                                  "fused_conv_mode": mode, "fused_conv": info["fused_conv"], "augment": augment})
         if args.baseline == "tutorial":
-            tutorial = summarize(args.devices[0], time_tutorial(args, data, bar), len(data.train_x),
+            tutorial = summarize(args.devices[0], time_tutorial(args, data.decoded(), bar), len(data.train_x),
                                  len(parse_devices(args.devices[0])))
     for r in rows:  # speedup and efficiency against the first spec in the same mode and augmentation
         base = next(b for b in rows if (b["fused_conv_mode"], b["augment"]) == (r["fused_conv_mode"], r["augment"]))

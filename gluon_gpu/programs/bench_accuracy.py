@@ -26,7 +26,8 @@ from .run import build_run
 def bench_config(args):
     """The run configuration both loops train: the recipe, on the first spec."""
     config = RunConfig(devices=args.devices[0], model=args.model, batch_size=args.batch_size, epochs=args.epochs,
-                       data_dir=args.data_dir, limit=args.limit, val_limit=args.val_limit, pipeline=args.pipeline,
+                       dataset=args.dataset, data_dir=args.data_dir, image_size=args.image_size,
+                       limit=args.limit, val_limit=args.val_limit, pipeline=args.pipeline[0],
                        num_workers=args.num_workers, fused_conv=args.fused_conv[0], recipe=args.recipe, quiet=True)
     return apply_recipe(config, given=set())
 

@@ -165,7 +165,7 @@ def report_ensemble_variants(parser, args, bar):
 
 
 def run_ensembles(args, parser):
-    data = load_dataset(data_dir=args.data_dir, limit=args.limit, val_limit=args.val_limit)
+    data = load_dataset(args.dataset, args.data_dir, args.image_size, limit=args.limit, val_limit=args.val_limit)
     runs = plan(args, model_for(args.model, data.spec.input_shape))
     with tqdm(total=args.epochs * args.repeats * (2 * len(runs) - 1), desc="bench", unit="epoch",
               disable=not progress_enabled(args)) as bar:

@@ -24,17 +24,19 @@ from .run import build_run
 def time_ours(args, spec, bar, data, members=1, fused_conv=None, layout="auto", augment=""):
     """Epoch seconds of gluon_gpu on ``spec`` and the validation accuracy after training."""
     ctx = parse_devices(spec)
-    config = RunConfig(devices=spec, batch_size=args.batch_size, model=args.model, pipeline=args.pipeline,
+    config = RunConfig(devices=spec, batch_size=args.batch_size, model=args.model, pipeline=args.pipeline[0],
                        num_workers=args.num_workers, quiet=True, ensemble=members, ensemble_layout=layout,
-                       fused_conv=fused_conv or args.fused_conv[0], bucket_mb=args.bucket_mb,
-                       limit=args.limit, data_dir=args.data_dir, dtype=args.dtype[0], amp=args.amp, augment=augment)
+                       fused_conv=fused_conv or args.fused_conv[0], bucket_mb=args.bucket_mb, limit=args.limit,
+                       dataset=args.dataset, data_dir=args.data_dir, image_size=args.image_size, dtype=args.dtype[0],
+                       amp=args.amp, augment=augment)
     runs = []
     for _ in range(args.repeats):
         run = build_run(config, ctx, data=data)
         dp, train_pipe = run.dp, run.train
         # Several devices: each epoch is followed by one of the same steps without the
         # gradient exchange, so what the exchange costs is measured epoch by epoch.
-        alone = build_run(config, ctx, exchange=False, data=data).dp if len(ctx) > 1 and members == 1 else None
+        alone = build_run(config, ctx, exchange=False, data=data, pipelines=(run.train, run.val)).dp \
+            if len(ctx) > 1 and members == 1 else None
         seconds, cpu_seconds, alone_seconds, losses = [], [], [], []
         for epoch in range(args.epochs):
             cpu_start = time.process_time()

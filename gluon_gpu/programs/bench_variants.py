@@ -1,6 +1,6 @@
 """Benchmark rows for settings that hold for a whole process: ``--dtype`` (MXNet's
 contrib.amp is process-wide), ``--omp-threads`` and ``--engine-threads`` (MXNet reads
-both once, at start).
+both once, at start), and ``--pipeline`` (each pipeline's peak memory is its process's).
 
 With several values of any, every combination runs as a child ``gluon_gpu.bench`` of
 its own, one after another in the same invocation (so the rows share the machine's
@@ -20,21 +20,21 @@ from ..core.files import write_json
 from ..models.member_stack import ensemble_variables
 from .bench_timing import TIMES, figure, text_table
 
-PROCESS_WIDE = ("dtype", "omp_threads", "engine_threads")
+PROCESS_WIDE = ("dtype", "omp_threads", "engine_threads", "pipeline")
 
 
 def variants(args):
-    """``[(dtype, omp_threads, engine_threads)]`` the flags ask for, in their order."""
-    return [(d, t, w) for d in dict.fromkeys(args.dtype) for t in dict.fromkeys(args.omp_threads)
-            for w in dict.fromkeys(args.engine_threads)]
+    """``[(dtype, omp_threads, engine_threads, pipeline)]`` the flags ask for, in their order."""
+    return [(d, t, w, p) for d in dict.fromkeys(args.dtype) for t in dict.fromkeys(args.omp_threads)
+            for w in dict.fromkeys(args.engine_threads) for p in dict.fromkeys(args.pipeline)]
 
 
 def variant_tag(args, report):
     """What tells a child's rows apart: its dtype, ``t<OpenMP threads>``, ``w<engine
-    workers>``, each only when the flags give it several values."""
+    workers>``, its pipeline, each only when the flags give it several values."""
     threads = report["machine"]["threads"]
     parts = [(args.dtype, report["config"]["dtype"][0]), (args.omp_threads, f"t{threads['omp_threads']}"),
-             (args.engine_threads, f"w{threads['engine_threads']}")]
+             (args.engine_threads, f"w{threads['engine_threads']}"), (args.pipeline, report["config"]["pipeline"][0])]
     return " ".join(value for values, value in parts if len(set(values)) > 1)
 
 
@@ -42,10 +42,11 @@ def run_children(parser, args, bar, **values):
     """Each variant in a child bench (``values``: more flags for all of them); returns
     ``[(tag, report)]``."""
     reports = []
-    for number, (dtype, threads, workers) in enumerate(variants(args)):
-        out = os.path.join(args.out, f"{dtype}-omp{threads or 'default'}" + (f"-w{workers}" if workers else ""))
-        report = child_report(parser, args, label(dtype, threads, workers), dtype=[dtype], omp_threads=[threads],
-                              engine_threads=[workers], out=out, quiet=True,
+    for number, (dtype, threads, workers, pipeline) in enumerate(variants(args)):
+        out = os.path.join(args.out, f"{dtype}-omp{threads or 'default'}" + (f"-w{workers}" if workers else "")
+                           + (f"-{pipeline}" if len(set(args.pipeline)) > 1 else ""))
+        report = child_report(parser, args, label(dtype, threads, workers, pipeline), dtype=[dtype],
+                              omp_threads=[threads], engine_threads=[workers], pipeline=[pipeline], out=out, quiet=True,
                               baseline=args.baseline if number == 0 else "none", **values)
         reports.append((variant_tag(args, report), report))
         bar.update(1)
@@ -94,9 +95,9 @@ def start_variables(args):
     return {**thread_variables(args.omp_threads[0], args.engine_threads[0]), **pool}
 
 
-def label(dtype, threads, workers):
+def label(dtype, threads, workers, pipeline):
     return (f"{dtype}, {threads or 'default'} OMP thread{'s' * (threads != 1)}, "
-            f"{workers or 'default'} engine worker{'s' * (workers != 1)}")
+            f"{workers or 'default'} engine worker{'s' * (workers != 1)}, pipeline {pipeline}")
 
 
 def run_variants(parser, args, bar):
@@ -107,7 +108,8 @@ def run_variants(parser, args, bar):
         threads = report["machine"]["threads"]
         for row in report["results"]:
             row.update(dtype=report["config"]["dtype"][0], omp_threads=threads["omp_threads"],
-                       engine_threads=threads["engine_threads"], name=f"{row['name']} {tag}")
+                       engine_threads=threads["engine_threads"], name=f"{row['name']} {tag}",
+                       peak_rss_mib=report["peak_rss_mib"], peak_worker_rss_mib=report["peak_child_rss_mib"])
             rows.append(row)
         tutorial = tutorial or report.get("tutorial")
     first = rows[0]["median_epoch_s"]
@@ -121,7 +123,8 @@ def run_variants(parser, args, bar):
 def format_variants(rows, tutorial):
     columns = [("run", 28, lambda r: r["name"]), *TIMES, ("samples/s", 11, figure("samples_per_s", ".0f")),
                ("vs first", 10, figure("vs_first", ".2f", "x")), ("vs baseline", 13, figure("vs_tutorial", ".2f", "x")),
-               ("val-acc", 9, figure("val_acc", ".4f"))]
+               ("val-acc", 9, figure("val_acc", ".4f")), ("peak RSS MiB", 14, figure("peak_rss_mib", ".0f")),
+               ("worker RSS MiB", 16, figure("peak_worker_rss_mib", ".0f"))]
     baseline = [{**tutorial, "name": "baseline loop", "vs_first": "", "vs_tutorial": 1.0}] if tutorial else []
     return text_table(columns, rows + baseline)
 

@@ -50,21 +50,25 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     bucket_mb: float = _flag(DEFAULT_BUCKET_MB, "several devices: gradients exchanged in contiguous buckets "
                              "of up to this many MiB, one kvstore key each; 0: one key per parameter",
                              True, type=non_negative_float)
-    num_workers: int = _flag(4, "DataLoader workers (--pipeline loader)", True, type=non_negative_int)
+    num_workers: Optional[int] = _flag(None, "processes that read and decode batches (--pipeline loader) or decode "
+                                       "the images a run keeps in memory; 0: in the main process (default: the "
+                                       "cores this process may use, less one per CPU context)", True,
+                                       type=non_negative_int)
     # the data
     dataset: str = _flag("fashion-mnist", "; ".join(f"{name}: --data-dir is {kind.what}"
                                                     for name, kind in DATASETS.items()),
                          choices=tuple(DATASETS))
     data_dir: Optional[str] = _flag(None, "FashionMNIST's IDX files (default: $GLUON_GPU_DATA, the MXNet "
-                                    "cache, Debian's dataset-fashion-mnist), the image folder, or the .npz", True)
-    image_size: Optional[str] = _flag(None, "--dataset folder: resize images to H or H,W", metavar="H[,W]")
+                                    "cache, Debian's dataset-fashion-mnist), the image folder, the RecordIO folder, or the .npz", True)
+    image_size: Optional[str] = _flag(None, "--dataset folder, rec: resize images to H or H,W", metavar="H[,W]")
     task: Optional[str] = _flag(None, "classify or regress (default: from the labels: integers classify)",
                                 choices=TASKS)
     limit: Optional[int] = _flag(None, "use only the first N training samples", type=positive_int)
     val_limit: Optional[int] = _flag(None, "validate on only the first N validation samples", type=positive_int)
     pipeline: str = _flag("auto", "device: data on the devices, batches by index; loader: Gluon DataLoader "
-                          "over one host copy; auto: device when a copy per device fits in the memory this "
-                          "process may use, else loader", choices=PIPELINES)
+                          "over one host copy, or over the files of a folder or RecordIO dataset, read per batch "
+                          "(streamed); auto: device when a copy per device fits in the memory this process may "
+                          "use, else loader", choices=PIPELINES)
     # the model and its training
     model: str = _flag("auto", "auto (lenet for images, mlp for feature vectors), "
                        + _choices_help({name: kind.what for name, kind in MODELS.items()})

@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 
 import mxnet as mx
 
+from ..core.devices import default_workers
 from ..core.ema import WeightAverage
 from ..core.errors import UserError
 from ..core.heads import head_for
@@ -37,14 +38,15 @@ class Run:
     ema: object = None  # --ema: the WeightAverage of the weights
 
 
-def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, saved_spec=None):
+def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, saved_spec=None, pipelines=None):
     """Data, network and DataParallel for ``config`` on ``ctx``.
 
     ``data``: a loaded :class:`Dataset` (default: ``config``'s dataset); ``model``: a
     user's Block instead of ``config.model``. ``saved_spec``: the spec a resumed run
     recorded; the data must match it. With a distributed kvstore each worker trains on
     its shard of every global batch (``--batch-size`` is per worker). ``exchange=False``:
-    the benchmark's baseline without the gradient exchange."""
+    the benchmark's baseline without the gradient exchange; ``pipelines``: another run's
+    ``(train, val)`` to share (the benchmark's, so its data is decoded and held once)."""
     check_batch(config.batch_size, ctx)
     check_options(ctx, config.kvstore)  # before any data is read
     check_precision(precision_for(config.dtype, config.amp), ctx)
@@ -56,10 +58,10 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     if config.seed + config.ensemble - 1 > MAX_SEED:
         raise UserError(f"`seed` {config.seed} with `ensemble` {config.ensemble}: member seeds pass {MAX_SEED}")
     data = data or load_dataset(config.dataset, config.data_dir, config.image_size, config.task, config.limit,
-                                config.val_limit)
+                                config.val_limit, decoded=False)  # decoded below if the device pipeline keeps it
     spec = data.spec
     if saved_spec is not None:
-        DataSpec.from_dict(saved_spec).check_compatible(spec, f"the data ({spec.source})")
+        DataSpec.from_dict(saved_spec).check_same_data(spec, f"the data ({spec.source})")
         spec = DataSpec.from_dict(saved_spec)  # the run's normalization, not a recomputed one
     if model is None:
         config = replace(config, model=model_for(config.model, spec.input_shape))
@@ -85,13 +87,15 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         _check_sync_bn_batches(len(data.train_y), config.batch_size * shard[1], len(ctx))
     pipeline, why = choose_pipeline(config.pipeline, sum(device_copy_bytes(x, y) for x, y in (
         (data.train_x, data.train_y), (data.val_x, data.val_y))), layout.train_ctx,
-        device_only(config.ensemble, shard))
-    pipes = [make_pipeline(pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train,
-                           num_workers=config.num_workers, members=config.ensemble, shard=shard if train else (0, 1),
-                           member_groups=layout.member_groups if train else None, in_turns=train and layout.in_turns,
-                           augment=augment if train else None, mixing=mixing if train else None)
-             for x, y, train, pipe_ctx in ((data.train_x, data.train_y, True, layout.train_ctx),
-                                           (data.val_x, data.val_y, False, layout.eval_ctx))]
+        device_only(config.ensemble), data.on_disk)
+    workers = default_workers(ctx) if config.num_workers is None else config.num_workers
+    pipes = pipelines or [
+        make_pipeline(pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train, num_workers=workers,
+                      members=config.ensemble, shard=shard if train else (0, 1),
+                      member_groups=layout.member_groups if train else None, in_turns=train and layout.in_turns,
+                      augment=augment if train else None, mixing=mixing if train else None)
+        for x, y, train, pipe_ctx in ((data.train_x, data.train_y, True, layout.train_ctx),
+                                      (data.val_x, data.val_y, False, layout.eval_ctx))]
     updates_per_epoch = -(-len(pipes[0]) // pipes[0].turns // config.accumulate)  # each member's, in turns too
     dp = DataParallel(net, ctx, config.optimizer, optimizer_params(config, updates_per_epoch),
                       kvstore=store or config.kvstore,
@@ -108,10 +112,17 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         warnings.append(f"`batch_size` {config.batch_size * shard[1]} is larger than the {len(data.train_y)} "
                         f"training samples: every epoch is one update of {len(data.train_y)} samples")
     return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
-               tuple(warnings), f"pipeline {pipeline}" + (f" ({why})" if why else ""),
+               tuple(warnings), f"pipeline {pipeline}" + (f" ({why})" if why else "") + _workers_text(
+                   workers, pipeline == "loader" or data.on_disk),
                describe(augment.components) if augment is not None else "",
                describe_mixing(mixing) if mixing is not None else "",
                WeightAverage(dp, config.ema, pipes[1]) if config.ema else None)
+
+
+def _workers_text(workers, used):
+    if not used:
+        return ""
+    return f", {workers} data worker{'s' if workers != 1 else ''}" if workers else ", data read in this process"
 
 
 NO_DECAY = re.compile(r".*(bias|gamma|beta)$")  # GluonCV's --no-wd: biases and BatchNorm's scale and shift

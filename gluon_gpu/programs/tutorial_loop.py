@@ -35,13 +35,15 @@ def tutorial_lenet():
 
 
 def run(train_images, train_labels, test_images, test_labels, devices, epochs,
-        batch_size=256, num_workers=4, on_epoch=None, model="lenet", classes=10, recipe=None):
+        batch_size=256, num_workers=None, on_epoch=None, model="lenet", classes=10, recipe=None):
     """Train as the tutorial does; returns per-epoch seconds and the final validation accuracy.
+    ``num_workers``: its DataLoaders' (None: the tutorial's 4).
 
     ``recipe`` (bench --to-accuracy): a :class:`BaselineRecipe` the loop trains with as GluonCV's
     scripts do: its optimizer and schedule, per-sample host transforms, smoothed one-hot
     labels; it then validates after every epoch inside the timed span, passes the accuracy
     to ``on_epoch(epoch, loss, seconds, accuracy)``, and stops at ``recipe.until``."""
+    num_workers = 4 if num_workers is None else num_workers
     if model == "lenet":
         net = tutorial_lenet()
     else:
