@@ -44,8 +44,8 @@ from .train import check_writable
 
 def build_parser():
     p = Parser(prog="gluon_gpu.bench", description=__doc__)
-    add_flags(p, COMMON_FLAGS + ("model", "bucket_mb", "dataset", "image_size", "pipeline", "num_workers", "limit",
-                                 "val_limit", "dtype", "amp", "ensemble_layout", "augment"),
+    add_flags(p, COMMON_FLAGS + ("model", "lr", "bucket_mb", "dataset", "image_size", "pipeline", "num_workers",
+                                 "limit", "val_limit", "dtype", "amp", "ensemble_layout", "augment"),
               many=("devices", "fused_conv", "ensemble_layout", "augment") + bench_variants.PROCESS_WIDE,
               defaults={"devices": None, "augment": "none"})
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs per run (the first is reported apart)")
