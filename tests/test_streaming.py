@@ -62,6 +62,16 @@ def test_a_streamed_run_equals_the_in_memory_run_of_the_same_folder(runs):
     assert read_metrics(runs["loader"])["epochs"][-1]["val_acc"] > 0.6  # learns: chance is 0.1
 
 
+def test_streamed_images_are_augmented_and_mixed_as_in_memory_ones(image_folder, tmp_path):
+    """--augment and --mixup run on the device for streamed batches too, from the same
+    (seed, epoch) draws: the same parameters as the in-memory run."""
+    flags = ["--dataset", "folder", "--data-dir", image_folder, "--devices", "cpu*2", "--batch-size", "16",
+             "--epochs", "2", "--augment", "flip,crop=2,erase", "--mixup", "0.4", "--quiet"]
+    for pipeline in ("device", "loader"):
+        assert train.main(flags + ["--pipeline", pipeline, "--out", str(tmp_path / pipeline)]) == 0
+    assert_same_params(str(tmp_path / "device"), str(tmp_path / "loader"))
+
+
 def test_a_folder_packed_to_recordio_trains_exactly_as_the_folder(runs, fashion_folder, tmp_path, capsys):
     packed = str(tmp_path / "rec")
     assert pack.main([fashion_folder, packed, "--num-workers", "2"]) == 0
