@@ -132,13 +132,13 @@ class _EpochSampler(gluon.data.Sampler):
     """Batch sampler over :func:`epoch_order`, cut as :class:`DevicePipeline` cuts it
     (``shard``: this worker's slice of each global batch); ``set_epoch`` picks the
     permutation and, mixing, each sample's partner: a batch is then its samples followed
-    by their partners. ``samples_read`` counts the samples it has asked the loader for."""
+    by their partners."""
 
     def __init__(self, n, batch_size, seed, shuffle, shard=(0, 1)):
         self.total, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
         self.rank, self.workers = shard
         self.n = whole_global_batches(n, batch_size, self.workers)
-        self.epoch, self.start_batch, self.partner, self.samples_read = 0, 0, None, 0
+        self.epoch, self.start_batch, self.partner = 0, 0, None
 
     def set_epoch(self, epoch, start_batch=0, partner=None):
         self.epoch, self.start_batch, self.partner = epoch, start_batch, partner
@@ -149,7 +149,6 @@ class _EpochSampler(gluon.data.Sampler):
         for batch in range(self.start_batch, len(self)):
             lo = min(batch * step + self.rank * self.batch_size, self.n)
             own = order[lo:lo + self.batch_size]
-            self.samples_read += len(own) * (1 if self.partner is None else 2)
             yield (own if self.partner is None else np.concatenate([own, self.partner[own]])).tolist()
 
     def __len__(self):
@@ -181,11 +180,6 @@ class LoaderPipeline:
         self.n, self.augment, self.mixing = len(dataset), augment, mixing
         self._sampler = _EpochSampler(self.n, batch_size, seed, shuffle, shard)
         self._loader = start_loader(dataset, num_workers, batch_sampler=self._sampler)
-
-    @property
-    def samples_read(self):
-        """Samples this process has read since it started (a distributed worker: its share)."""
-        return self._sampler.samples_read
 
     def __len__(self):
         return len(self._sampler)

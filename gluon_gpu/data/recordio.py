@@ -48,8 +48,8 @@ class RecordSource(ImageSource):
 
     def read(self, i):
         name = f"{self.rec} record {self.keys[i]}"
-        image = decode(io.BytesIO(self.payload(i)), self.sample_shape[0], self.sample_shape[1:] if self.resize else None,
-                       name=name)
+        size = self.sample_shape[1:] if self.resize else None
+        image = decode(io.BytesIO(self.payload(i)), self.sample_shape[0], size, name=name)
         if image.shape != self.sample_shape:
             raise DataError(f"{name} is {image.shape[2]}x{image.shape[1]}, the first record "
                             f"{self.sample_shape[2]}x{self.sample_shape[1]}: pass `image_size` H[,W] to resize them")

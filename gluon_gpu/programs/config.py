@@ -59,7 +59,8 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                                     for name, kind in DATASETS.items()),
                          choices=tuple(DATASETS))
     data_dir: Optional[str] = _flag(None, "FashionMNIST's IDX files (default: $GLUON_GPU_DATA, the MXNet "
-                                    "cache, Debian's dataset-fashion-mnist), the image folder, the RecordIO folder, or the .npz", True)
+                                    "cache, Debian's dataset-fashion-mnist), the image folder, the RecordIO "
+                                    "folder, or the .npz", True)
     image_size: Optional[str] = _flag(None, "--dataset folder, rec: resize images to H or H,W", metavar="H[,W]")
     task: Optional[str] = _flag(None, "classify or regress (default: from the labels: integers classify)",
                                 choices=TASKS)

@@ -70,7 +70,8 @@ def main(argv=None):
                {"classes": found.classes, "channels": found.channels, "image_size": list(found.size),
                 "train": len(found.train), "val": len(found.val), "encoding": args.encoding,
                 "source": os.path.abspath(args.folder)})
+    train = command("train", "--dataset", "rec", "--data-dir", args.out)
     print(f"packed {len(found.train)} training and {len(found.val)} validation images of {args.folder} "
           f"({len(found.classes)} classes, {found.channels}x{found.size[0]}x{found.size[1]}, {args.encoding}) into "
-          f"{args.out}: {sizes / 2**20:.1f} MiB; train with: {command('train', '--dataset', 'rec', '--data-dir', args.out)}")
+          f"{args.out}: {sizes / 2**20:.1f} MiB; train with: {train}")
     return 0
