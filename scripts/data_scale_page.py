@@ -26,7 +26,8 @@ START, END = "<!-- scale:start (scripts/data_scale_page.py writes this) -->", "<
 
 def bench_flags(folder, model, batch, epochs, lr=0.1):
     return (["--dataset", "folder", "--data-dir", folder, "--model", model, "--batch-size", str(batch),
-             "--lr", str(lr), "--devices", "cpu*2", "--pipeline", "device", "loader", "--epochs", str(epochs), "--baseline", "none"])
+             "--lr", str(lr), "--devices", "cpu*2", "--pipeline", "device", "loader", "--epochs", str(epochs),
+             "--baseline", "none"])
 
 
 def table(report, decoded_mib):
@@ -99,7 +100,8 @@ def main(argv=None):
         f.write(text)
     memory = runs["memory"][1]["results"]
     headline = (f"Streamed from disk, ResNet-20 on FashionMNIST as PNG files trains at "
-                f"**{ratio(runs['resnet'][1]):.2f}x** the in-memory throughput on `cpu*2` (LeNet, which outruns one decoding worker: "
+                f"**{ratio(runs['resnet'][1]):.2f}x** the in-memory throughput on `cpu*2` "
+                f"(LeNet, which outruns one decoding worker: "
                 f"{ratio(runs['lenet'][1]):.2f}x); on a {runs['memory'][3]:.0f} MiB folder the streamed run peaks at "
                 f"{memory[1]['peak_rss_mib']:.0f} MiB resident against {memory[0]['peak_rss_mib']:.0f} MiB in memory "
                 f"({machine['cpu']}, {machine['cores']} cores; [docs/data-at-scale.md](docs/data-at-scale.md), "

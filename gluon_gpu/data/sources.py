@@ -51,25 +51,25 @@ class ImageSource(gluon.data.Dataset):
         return (len(self),) + self.sample_shape
 
     @property
-    def nbytes(self):
+    def size(self):  # elements, as numpy's (uint8: bytes), so the pipelines size it as they size arrays
         return int(np.prod(self.shape))
-
-    @property
-    def size(self):  # as numpy's, so the pipelines size it as they size arrays
-        return self.nbytes
 
     def stats_sample(self):
         """The images the normalization statistics come from (:data:`STATS_SAMPLES`)."""
-        count = min(len(self), STATS_SAMPLES, max(1, STATS_BYTES // int(np.prod(self.sample_shape))))
-        check_fits({"host": count * int(np.prod(self.sample_shape))},
+        image_bytes = int(np.prod(self.sample_shape))
+        count = min(len(self), STATS_SAMPLES, max(1, STATS_BYTES // image_bytes))
+        check_fits({"host": count * image_bytes},
                    f"decoding {count} image{'s' * (count > 1)} of {self.where} for the mean and std",
                    "pass a smaller `image_size`")
         picks = np.unique(np.linspace(0, len(self) - 1, count).astype(int))
-        return np.stack([self.read(i) for i in picks])
+        images = np.empty((len(picks),) + self.sample_shape, dtype=np.uint8)
+        for row, i in enumerate(picks):
+            images[row] = self.read(i)
+        return images
 
     def decode_all(self, num_workers=0):
         """Every image decoded into one uint8 array, by ``num_workers`` DataLoader workers."""
-        check_fits({"host": self.nbytes}, f"decoding the {len(self)} images of {self.where}",
+        check_fits({"host": self.size}, f"decoding the {len(self)} images of {self.where}",
                    "pass a smaller `image_size`, or `pipeline` loader to read batches from disk")
         images = np.empty(self.shape, dtype=np.uint8)  # filled in place: one copy
         for start, batch in self.batches(num_workers):
