@@ -102,18 +102,28 @@ def test_pack_resizes_and_encodes_jpeg(fashion_folder, tmp_path):
     assert first.shape == (1, 20, 20) and first.dtype == np.uint8 and first.std() > 10
 
 
-@pytest.mark.parametrize("case", ["existing output", "not a folder", "quality"])
+@pytest.mark.parametrize("case", ["existing output", "not a folder", "quality", "truncated image"])
 def test_pack_refuses_bad_input_in_one_line(case, tmp_path, capsys):
     root = make_image_folder(tmp_path / "f", per_class=(3, 2), size=16)
     argv = {"existing output": [root, str(tmp_path / "rec")], "not a folder": [str(tmp_path / "none"), "x"],
-            "quality": [root, str(tmp_path / "rec"), "--quality", "0"]}[case]
+            "quality": [root, str(tmp_path / "rec"), "--quality", "0"],
+            "truncated image": [root, str(tmp_path / "rec"), "--image-size", "12"]}[case]
+    if case == "truncated image":
+        broken = os.path.join(root, "train", "square", "1.png")
+        with open(broken, "rb") as f:
+            head = f.read(100)
+        with open(broken, "wb") as f:
+            f.write(head)
     if case == "existing output":
         assert pack.main(argv + ["--quiet"]) == 0
         capsys.readouterr()
     assert pack.main(argv + ["--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert {"existing output": "--overwrite", "not a folder": "not a directory", "quality": "1 to 100"}[case] in err
+    assert {"existing output": "--overwrite", "not a folder": "not a directory", "quality": "1 to 100",
+            "truncated image": "1.png"}[case] in err
+    if case == "truncated image":  # no half-written files left
+        assert sorted(os.listdir(tmp_path / "rec")) == []
 
 
 def damage(packed, case):

@@ -180,6 +180,11 @@ def write_split(items, out, split, channels, size, encoding="auto", quality=95, 
             writer.write_idx(key, recordio.pack(recordio.IRHeader(0, float(label), key, 0), payload))
             if progress:
                 progress()
+    except BaseException:  # a bad image, Ctrl-C: no half-written files left behind
+        writer.close()
+        for path in partial:
+            os.remove(path)
+        raise
     finally:
         writer.close()
         if pool:
