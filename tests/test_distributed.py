@@ -319,7 +319,7 @@ def test_sigterm_to_the_launcher_checkpoints_the_partial_epoch_and_exits_143(tmp
     assert_same_params(params(os.path.join(out, "net.params")), straight_run)
 
 
-CHAOS_EPOCHS = max(3, CHAOS_KILLS // 2)  # enough work that no kill comes after the end
+CHAOS_EPOCHS = max(10, 2 * CHAOS_KILLS)  # enough work that no kill comes after the end (3 were not)
 
 
 @pytest.fixture(scope="module")
@@ -343,17 +343,19 @@ def test_chaos_worker_kills_with_max_restarts_end_where_the_straight_job_ends(tm
     out, job = str(tmp_path / "run"), uuid.uuid4().hex
     proc = run_launch(["-n", "2", "--grace", "3", "--max-restarts", str(CHAOS_KILLS), "--"] + LONG[:-2] +
                       ["--epochs", str(CHAOS_EPOCHS), "--out", out], job)
-    killed = []
+    retired, killed = [], []  # retired: every worker of a hit incarnation, which the launcher stops
 
     def workers():
-        return [pid for pid, role in job_processes(job) if role == "worker" and pid not in killed]
+        return [pid for pid, role in job_processes(job) if role == "worker" and pid not in retired]
     for _ in range(CHAOS_KILLS):
         wait_until(lambda: len(workers()) == 2, proc, "the job's two workers")
-        victim = rng.choice(workers())
+        incarnation = workers()
+        victim = rng.choice(incarnation)
         target = cpu_seconds(victim) + rng.uniform(0.3, 4.0)  # start-up takes about 2.5 CPU s
         wait_until(lambda: (cpu_seconds(victim) or target) >= target, proc, "the victim's work")
         os.kill(victim, signal.SIGKILL)
         killed.append(victim)
+        retired.extend(incarnation)
     printed, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     restarts = [l for l in err.splitlines() if f" of {CHAOS_KILLS}: " in l]
