@@ -111,11 +111,15 @@ def headline(report, accuracy=None):
                        "![validation accuracy against seconds](docs/accuracy.png)"])
 
 
-def replace_between(text, start, end, body):
+def write_between(path, start, end, body):
+    """``body`` in the file ``path`` in place of what stands between the markers."""
+    with open(path) as f:
+        text = f.read()
     if start not in text or end not in text:
-        raise SystemExit(f"performance_page: README.md lacks the markers {start} ... {end}")
+        raise SystemExit(f"{os.path.basename(sys.argv[0])}: {path} lacks the markers {start} ... {end}")
     head, rest = text.split(start, 1)
-    return head + start + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+    with open(path, "w") as f:
+        f.write(head + start + "\n" + body + "\n" + end + rest.split(end, 1)[1])
 
 
 def main(argv=None):
@@ -139,10 +143,7 @@ def main(argv=None):
         shutil.copyfile(os.path.join(out, "accuracy.png"), os.path.join(args.docs, "accuracy.png"))
     with open(os.path.join(args.docs, "performance.md"), "w") as f:
         f.write(text)
-    with open(args.readme) as f:
-        readme = f.read()
-    with open(args.readme, "w") as f:
-        f.write(replace_between(readme, START, END, summary))
+    write_between(args.readme, START, END, summary)
     print(f"wrote {args.docs}/performance.md, performance.png, accuracy.png and the headline in {args.readme}")
     return 0
 
