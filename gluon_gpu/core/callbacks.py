@@ -17,18 +17,15 @@ def format_epoch(record, epochs):
     parts += [f"train-{name} {record['train_' + name]:.4f}" for name in metric_names(record)]
     members, first = 1, (metric_names(record) or [None])[0]
     for name in ["loss"] + metric_names(record):
-        value = record.get("val_" + name)
-        if value is None:
-            continue
-        spread = record.get("member_val_" + name)
+        value, spread = record.get("val_" + name), record.get("member_val_" + name)
         if spread:
-            members, ordered = len(spread), sorted(spread)
-            if name == first:  # one spread keeps the line readable; metrics.json has every member's figures
+            ordered = sorted(v for v in spread if v is not None)  # None: a member that stopped
+            members = len(ordered)
+            if name == first and ordered:  # one spread keeps the line readable; metrics.json has them all
                 parts.append(f"members val-{name} min/median/max {ordered[0]:.4f}/{ordered[len(ordered) // 2]:.4f}/"
                              f"{ordered[-1]:.4f}")
-            parts.append(f"ensemble val-{name} {value:.4f}")
-        else:
-            parts.append(f"val-{name} {value:.4f}")
+        if value is not None:  # (a sweep's members have no combined figure)
+            parts.append(f"{'ensemble ' if spread else ''}val-{name} {value:.4f}")
     parts += [f"ema-val-{name} {record['ema_val_' + name]:.4f}" for name in ["loss"] + metric_names(record)
               if "ema_val_" + name in record]
     workers = f" ({record['workers']} workers)" if record.get("workers", 1) > 1 else ""
@@ -110,6 +107,7 @@ def plot_curves(history, path):
             members = [r.get("member_" + key) for r in history]
             if all(members):
                 for k, values in enumerate(zip(*members)):
+                    values = [float("nan") if v is None else v for v in values]  # a member stopped
                     ax.plot(epochs, values, color=color, alpha=0.25, linewidth=1,
                             label=f"members ({split})" if k == 0 else None)
             values = [r.get(key) for r in history]

@@ -45,6 +45,49 @@ class Monitor:
         return {"monitor": self.flag, "epoch": best["epoch"], "value": self.value(best),
                 "weights": "ema" if self.from_average(best) else "raw"}
 
+    def best_member(self, record):  # pylint: disable=unused-argument
+        """The member whose parameters the epoch's figure is (None: the whole network's)."""
+        return None
+
+
+class MemberMonitor(Monitor):
+    """A sweep's: each member is a model of its own, so an epoch's figure is its best
+    member's (``member_<key>``; None for a member that stopped), and best.params holds
+    that member alone. ``labels``: each member's configuration, for people."""
+
+    def __init__(self, flag, metric_names, labels):
+        super().__init__(flag, metric_names)
+        self.labels = list(labels)
+
+    def figures(self, record):
+        return {k: v for k, v in enumerate(record.get("member_" + self.key) or []) if v is not None}
+
+    def best_member(self, record):
+        figures = self.figures(record)
+        if not figures:
+            return None
+        return min(figures, key=lambda k: (figures[k] if self.lower else -figures[k], k))  # ties: the first
+
+    def value(self, record):
+        member = self.best_member(record)
+        return None if member is None else self.figures(record)[member]
+
+    def from_average(self, record):
+        return False
+
+    def best(self, history):
+        scored = [r for r in history if self.figures(r)]
+        if not scored:
+            return None
+        return (min if self.lower else max)(scored, key=self.value)
+
+    def summary(self, history):
+        found = super().summary(history)
+        if found is not None:
+            member = self.best_member(self.best(history))
+            found.update(member=member, config=self.labels[member])
+        return found
+
 
 class BestParams:
     """Callback: ``RUN/best.params`` (atomically) whenever an epoch is the best so far."""
@@ -57,7 +100,8 @@ class BestParams:
             if self.average is not None and self.monitor.from_average(record):
                 save_arrays(self.average.arrays(), self.path)  # --ema: the average validated better
             else:
-                save_parameters(self.net, self.path)
+                member = self.monitor.best_member(record)  # a sweep's best member: that model alone
+                save_parameters(self.net if member is None else self.net.nets[member], self.path)
 
     def on_train_end(self, history, status, reason=None):
         pass

@@ -128,3 +128,8 @@ def head_for(task, classes=None, label_smoothing=0.0):
     if label_smoothing and task != "classify":
         raise ValueError(f"label smoothing applies to classification, not to task {task}")
     return Classification(classes, label_smoothing) if task == "classify" else HEADS[task]()
+
+
+def as_head(head):
+    """A Head from a Head, a task name, or None (classification)."""
+    return head if isinstance(head, Head) else (head_for(head) if head else Classification())

@@ -94,7 +94,8 @@ class TensorBoard:
                 self.writer.add_scalar(f"{split}/{name}", value, epoch)
             elif key.startswith("member_") and isinstance(value, list):
                 for k, v in enumerate(value):
-                    self.writer.add_scalar(f"member/{key[len('member_'):]}/{k}", v, epoch)
+                    if v is not None:  # a member that no longer trains
+                        self.writer.add_scalar(f"member/{key[len('member_'):]}/{k}", v, epoch)
             elif key in ("lr", "samples_per_s"):
                 self.writer.add_scalar(key, value, epoch)
         self.writer.flush()

@@ -1,6 +1,8 @@
 """Networks that place their own members: the interface DataParallel calls for an
 ensemble laid out over devices (the models layer implements it:
-models/member_stack.MemberStack), and the Trainer of such members."""
+models/member_stack.MemberStack), and the Trainer of such members, with one optimizer
+for all or one per member (a sweep: members that differ in their hyperparameters)."""
+import mxnet as mx
 from mxnet import gluon
 
 from .modes import legacy
@@ -33,9 +35,17 @@ class PlacedMembers(gluon.Block):
         return tuple([a[:, first:first + len(group.nets)].as_in_context(device)
                       for first, device, group in self.groups] for a in (data, label))
 
+    stopped = frozenset()  # members that take no more steps (stop)
+
+    def stop(self, members):
+        """``members`` take no more steps (a sweep's pruned members): their parameters
+        stay as they are, and a group of only such members no longer runs."""
+        self.stopped = frozenset(self.stopped) | set(members)
+
     def members_of(self, groups):
-        """The members that ``groups`` (indices into ``groups``) train."""
-        return [first + j for first, _, group in (self.groups[g] for g in groups) for j in range(len(group.nets))]
+        """The members that ``groups`` (indices into ``groups``) train, less the stopped ones."""
+        return [first + j for first, _, group in (self.groups[g] for g in groups) for j in range(len(group.nets))
+                if first + j not in self.stopped]
 
     def graph_of(self, g):
         """``(block, members, slots)`` of group ``g``'s step graph: its figures land in its
@@ -59,14 +69,22 @@ class MemberTrainer(gluon.Trainer):
     ``update_members`` updates the members that stepped: members in turns step one at a
     time. The learning-rate schedule reads the optimizer's ``num_update``, the most
     updates of any parameter so far; here it is the count of the members being updated,
-    so each member follows its own schedule as it would alone."""
+    so each member follows its own schedule as it would alone.
+
+    ``optimizer_params``: one dict for every member, or a list of one per member (each
+    member then has an optimizer of its own, under one :class:`MemberOptimizer`)."""
 
     def __init__(self, nets, optimizer, optimizer_params=None, **kwargs):
         params = {p.name: p for net in nets for p in net.collect_params().values()}
-        super().__init__(params, optimizer, optimizer_params, **kwargs)
+        per_member = isinstance(optimizer_params, (list, tuple))
+        if per_member:
+            optimizer = MemberOptimizer([mx.optimizer.create(optimizer, **p) for p in optimizer_params])
+        super().__init__(params, optimizer, None if per_member else optimizer_params, **kwargs)
         index = {id(p): i for i, p in enumerate(self._params)}
         self._member_params = [[index[id(p)] for p in net.collect_params().values() if p.grad_req != "null"]
                                for net in nets]
+        if per_member:
+            self._optimizer.owners = {i: k for k, indices in enumerate(self._member_params) for i in indices}
         self._devices = [self._params[i[0]].list_ctx()[0] if i else None for i in self._member_params]
         self._stepping = range(len(nets))
 
@@ -99,6 +117,52 @@ class MemberTrainer(gluon.Trainer):
     def _init_kvstore(self):
         self._kvstore, self._update_on_kvstore, self._distributed = None, False, False
         self._kv_initialized = True
+
+
+class MemberOptimizer(mx.optimizer.Optimizer):
+    """Member k's parameters updated by ``optimizers[k]``, under the one Updater a Trainer
+    holds: its states, update counts (by parameter index) and checkpoints are the usual
+    ones, and each optimizer computes exactly what it computes alone (its learning rate,
+    schedule, weight decay, momentum). ``owners``: parameter index -> member."""
+
+    def __init__(self, optimizers):
+        super().__init__(learning_rate=optimizers[0].lr)
+        self.optimizers, self.owners = list(optimizers), {}
+        self.aggregate_num = min(o.aggregate_num for o in self.optimizers)
+
+    def create_state_multi_precision(self, index, weight):
+        return self.optimizers[self.owners[index]].create_state_multi_precision(index, weight)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        """Each member's run of ``index`` by its own optimizer, counting from this
+        optimizer's ``num_update`` as MemberTrainer.update_members set it."""
+        many = isinstance(index, (list, tuple))
+        items = list(zip(index, weight, grad, state)) if many else [(index, weight, grad, state)]
+        start = self.num_update
+        runs = []  # [(member, [items])], consecutive parameters of one member together
+        for item in items:
+            member = self.owners[item[0]]
+            if runs and runs[-1][0] == member:
+                runs[-1][1].append(item)
+            else:
+                runs.append((member, [item]))
+        for member, run in runs:
+            optimizer = self.optimizers[member]
+            optimizer.param_dict, optimizer.rescale_grad = self.param_dict, self.rescale_grad  # lr_mult, wd_mult
+            optimizer._index_update_count = self._index_update_count  # pylint: disable=protected-access
+            optimizer.num_update = start
+            columns = [list(c) for c in zip(*run)]
+            optimizer.update_multi_precision(*(columns if many else [c[0] for c in columns]))
+            self.num_update = max(self.num_update, optimizer.num_update)
+
+    def update(self, index, weight, grad, state):
+        self.update_multi_precision(index, weight, grad, state)
+
+    @property
+    def learning_rate(self):
+        """The first member's (a sweep's members each have their own)."""
+        first = self.optimizers[0]
+        return first.lr_scheduler(self.num_update) if first.lr_scheduler is not None else first.lr
 
 
 def trainer_for(net, optimizer, params, kvstore, update_on_kvstore):

@@ -82,12 +82,14 @@ class DeviceSums:
 def report(vector, samples, names, members):
     """``{'loss', name: ...}`` means over samples (ensembles: member means, and
     ``member_loss``/``member_<name>`` lists) from a ``[(1 + len(names)) x members]`` vector;
-    ``samples``: one count, or each member's."""
-    seen = np.asarray(samples)
+    ``samples``: one count, or each member's. A member that saw no sample (in turns, not
+    yet; stopped) has None in the lists and no part in the means."""
+    seen = np.broadcast_to(np.asarray(samples), (members,))
     rows = np.asarray(vector, dtype=np.float64).reshape(1 + len(names), members) / np.maximum(seen, 1)
+    counted = seen > 0 if seen.any() else np.ones(members, dtype=bool)
     result = {"samples": int(seen.max())}
     for name, row in zip(("loss",) + tuple(names), rows):
-        result[name] = float(row.mean())
+        result[name] = float(row[counted].mean())
         if members > 1:
-            result["member_" + name] = row.tolist()
+            result["member_" + name] = [float(v) if c else None for v, c in zip(row, seen > 0)]
     return result

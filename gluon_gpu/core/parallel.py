@@ -5,11 +5,10 @@
         dp.step(data, label)             # split, forward+backward on every device, update
     print(dp.read_metrics())            # the only host sync: mean loss and metrics
 
-Each batch is cut over the devices, every device runs forward and backward at once
-through MXNet's async engine, and ``gluon.Trainer`` updates every replica from the summed
-gradients (gradients.py). The task head (heads.py) and input transform are passed in;
-the network may use either MXNet API (modes.py) or place its own members (members.py);
-a distributed job's workers agree through coordination.py.
+Each batch is cut over the devices, every device runs forward and backward at once through MXNet's async
+engine, and ``gluon.Trainer`` updates every replica from the summed gradients (gradients.py). The task head
+(heads.py) and input transform are passed in; the network may use either MXNet API (modes.py) or place its
+own members (members.py); a distributed job's workers agree through coordination.py.
 """
 import mxnet as mx
 from mxnet import autograd, gluon, nd
@@ -19,7 +18,7 @@ from .coordination import Workers
 from .devices import check_cpu_only, split_batch
 from .gradients import Gradients
 from .graph import make_step_graph
-from .heads import Classification, Head, head_for
+from .heads import as_head
 from .inputs import TrainingInputs
 from .kvstores import check_exchange, default_kvstore
 from .members import PlacedMembers, trainer_for
@@ -32,8 +31,9 @@ from .precision import check_precision, enable_amp, init_loss_scaling, loss_scal
 class DataParallel:  # pylint: disable=too-many-instance-attributes
     """A network, its ``gluon.Trainer`` and the device list it is replicated on.
 
-    ``head``: a Head or 'classify'/'regress' (default: classification). ``transform``: a HybridBlock run on
-    each input shard inside the step graph (normalization). ``batch_size``: the nominal batch; gradients are
+    ``head``: a Head or 'classify'/'regress' (default: classification; placed members: a list, one each).
+    ``optimizer_params``: a dict (placed members: or a list, one each). ``transform``: a HybridBlock run on
+    each input shard in the step graph (normalization). ``batch_size``: the nominal batch; gradients are
     divided by the larger of it and the batch's own size, as ``trainer.step(batch_size)`` does.
     ``bucket_bytes``: gradient buckets on several devices of one process (0: one kvstore key per parameter).
     ``exchange=False``: no gradient exchange (the benchmark's baseline). ``accumulate=N``: N steps' gradients
@@ -56,7 +56,8 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         check_cpu_only(net, self.ctx)
         self.net, self.transform, self.hybridize = net, transform, hybridize
         self.inputs = TrainingInputs(augment, mixing)
-        self.head = head if isinstance(head, Head) else (head_for(head) if head else Classification())
+        self.heads = [as_head(h) for h in head] if isinstance(head, list) else None  # placed members: one each
+        self.head = self.heads[0] if self.heads else as_head(head)
         self.members, self.is_np = getattr(net, "members", 1), model_is_np(net)
         enable_amp(self.precision, self.is_np)  # before any graph is built
         with semantics(self.is_np):
@@ -66,7 +67,8 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
                 net.cast(self.precision.param_dtype)
         for block in ([transform] if transform else []) + self.inputs.blocks:  # their constants on the devices
             place(block, self.ctx, mx.init.Uniform())  # (normalization, pixel grids): keep their own values
-        params = self.precision.optimizer_params(optimizer_params)
+        params = ([self.precision.optimizer_params(p) for p in optimizer_params]
+                  if isinstance(optimizer_params, (list, tuple)) else self.precision.optimizer_params(optimizer_params))
         if accumulate > 1:  # backward adds to the gradients until the update
             for p in (p for p in net.collect_params().values() if p.grad_req != "null"):
                 p.grad_req = "add"
@@ -105,7 +107,9 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         self.gradients.check()
         xs, ys = self.split(data, label)
         extras, mixed = self.inputs.shards(xs, self.ctx, augmentation, mixing)
-        active = [g for g, x in enumerate(xs) if x is not None]  # placed members in turns: the groups stepping
+        active = [g for g, x in enumerate(xs) if x is not None and (not self.placed or self.placed.members_of([g]))]
+        if not active:  # placed members in turns, or stopped: the groups stepping
+            return self._update() if flush and self.pending_batches else None
         if self.placed and self.pending_batches and active != self._pending_groups:
             self._update()  # groups in turns: the last turn's short accumulation ends with it
         self._pending_groups = active
@@ -143,10 +147,7 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         members = self.placed.members_of(self._pending_groups) if self.placed else None
         if self.clip_grad:  # the gradients carry the scale of the batch and of the loss
             self.gradients.clip(self.clip_grad * scale * loss_scale(self.trainer), members)
-        if self.placed:
-            self.trainer.update_members(scale, members)
-        else:
-            self.trainer.update(scale)
+        self.trainer.update_members(scale, members) if self.placed else self.trainer.update(scale)
         if self.accumulate > 1:
             self.gradients.zero(self.ctx)
 
@@ -187,12 +188,13 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         return result
 
     def _graph(self, shape, training, group=None, mixed=False):
-        """One hybridized graph per (input shape, mode, placed group, mixed), sharing the net's
-        parameters: a last partial batch gets its own instead of re-planning another."""
+        """One hybridized graph per (input shape, mode, placed group, mixed), sharing the net's parameters:
+        a last partial batch gets its own instead of re-planning another."""
         key = (tuple(shape), training, group, mixed)
         if key not in self._graphs:
             net, members, slots = self.placed.graph_of(group) if group is not None else (self.net, self.members, None)
-            graph = make_step_graph(net, self.head, self.transform, self.precision, members, self.is_np, training,
+            head = self.heads[slots[0]] if self.heads and slots else self.head  # a group's members share one
+            graph = make_step_graph(net, head, self.transform, self.precision, members, self.is_np, training,
                                     slots, self.inputs.augment, self.inputs.mixing if mixed else None)
             if self.hybridize and isinstance(net, gluon.HybridBlock):
                 graph.hybridize(static_alloc=True, static_shape=True)

@@ -38,7 +38,7 @@ class DevicePipeline:
 
     ``epoch(e)`` yields ``(data_shards, label_shards)``, one shard per device used, cut
     by ``shard_bounds``. With ``members=K`` (an ensemble) member k draws its own order from
-    seed ``seed + k`` and shards gain a member axis after the batch axis: member k's
+    seed ``seed + k`` (or ``seeds[k]``) and shards gain a member axis after the batch axis: member k's
     samples in column k. ``member_groups=[(first, count)]``, one per entry of ``ctx``:
     every group gets the whole batch of its members' columns instead of a slice of the
     samples (an ensemble whose members live on different devices). ``in_turns``: the
@@ -48,13 +48,14 @@ class DevicePipeline:
     """
 
     def __init__(self, inputs, targets, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1),
-                 member_groups=None, in_turns=False, augment=None, mixing=None, num_workers=0):
+                 member_groups=None, in_turns=False, augment=None, mixing=None, num_workers=0, seeds=None):
         for name, block in (("augment", augment), ("mixup", mixing)):
             if block is not None and members > 1:
                 raise UserError(f"`{name}` does not apply to an `ensemble` yet")
         self.augment, self.mixing = augment, mixing
         self.n, self.batch_size, self.ctx = len(inputs), batch_size, list(ctx)
         self.seed, self.shuffle, self.members = seed, shuffle, members
+        self.seeds = list(seeds) if seeds is not None else [seed + k for k in range(members)]
         self.member_groups = member_groups
         self.turns = len(member_groups) if in_turns else 1
         self.rank, self.workers = shard
@@ -80,8 +81,8 @@ class DevicePipeline:
         ``batch_size x workers``: the job sees exactly the batches one process with
         ``workers`` times the devices would."""
         total = len(self._inputs[0])
-        order = np.stack([epoch_order(total, self.seed + k, epoch, self.shuffle)[:self.n]
-                          for k in range(self.members)], axis=1).astype(np.int32)
+        order = np.stack([epoch_order(total, seed, epoch, self.shuffle)[:self.n] for seed in self.seeds],
+                         axis=1).astype(np.int32)
         if self.members == 1:
             order = order[:, 0]
         # The epoch's order goes to every device once; a batch is then views of it: no copy per batch.
@@ -251,7 +252,7 @@ def device_only(members):
 
 
 def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
-                  members=1, shard=(0, 1), member_groups=None, in_turns=False, augment=None, mixing=None):
+                  members=1, shard=(0, 1), member_groups=None, in_turns=False, augment=None, mixing=None, seeds=None):
     """The ``kind`` pipeline over ``inputs`` (arrays, or an image source read from disk)
     and ``targets`` (``auto``: see :func:`choose_pipeline`); ``augment``, ``mixing``: its
     batches carry their parameters."""
@@ -263,4 +264,4 @@ def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, 
         dataset = inputs if on_disk else gluon.data.ArrayDataset(inputs, targets.astype(np.float32))
         return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers, augment, mixing, shard)
     return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard, member_groups, in_turns,
-                          augment, mixing, num_workers)
+                          augment, mixing, num_workers, seeds)

@@ -48,12 +48,13 @@ def fused_for(name, ctx, fused_conv="auto"):
 
 
 def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1, fused_conv="auto",
-               layout="auto", hybridize=True, batch_size=None):
+               layout="auto", hybridize=True, batch_size=None, seeds=None, apart=None):
     """A network initialized on ``ctx`` with seeded Xavier: ``model`` is a zoo name (see
     get_model) or a user's Block (initialized here unless it already is). An ensemble's
-    member k is initialized exactly as a single network with seed ``seed + k``; ``layout``
-    (ensemble_layout) lays the members out over ``ctx``, once ``batch_size`` (if given)
-    shows they fit in memory (as it must for a single network too)."""
+    member k is initialized exactly as a single network with seed ``seed + k`` (or
+    ``seeds[k]``); ``layout`` (ensemble_layout) lays the members out over ``ctx``, once
+    ``batch_size`` (if given) shows they fit in memory (as it must for a single network
+    too); ``apart``: see MemberStack."""
     if not isinstance(model, str):
         if batch_size and isinstance(model, mx.gluon.HybridBlock):  # an imperative Block: first_pass tells
             check_training_memory(lambda: model, input_shape, ctx, batch_size, "your network")
@@ -64,7 +65,8 @@ def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1,
         first_pass(model, input_shape, ctx[0], "your network")
         return model
     if members > 1:
-        return ensemble(model, members, ctx, seed, input_shape, outputs, layout, fused_conv, hybridize, batch_size)
+        return ensemble(model, members, ctx, seed, input_shape, outputs, layout, fused_conv, hybridize, batch_size,
+                        seeds, apart)
     fused = fused_for(model, ctx, fused_conv)
     if batch_size:
         check_training_memory(lambda: get_model(model, outputs, input_shape[0]), input_shape, ctx, batch_size, model)
@@ -87,22 +89,24 @@ def first_pass(net, input_shape, ctx, name):
 
 
 def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, layout="auto",
-             fused_conv="auto", hybridize=True, batch_size=None):
+             fused_conv="auto", hybridize=True, batch_size=None, seeds=None, apart=None):
     """``members`` independently seeded copies of a network, trained at once: ``model`` is
     a zoo name or a function that returns a fresh (uninitialized) network. Member k is
-    initialized exactly as ``init_model(model, seed + k, ...)`` alone; ``layout``
-    (ensemble_layout) places the members on ``ctx``. Input ``(B, K*C, ...)``, output
-    ``(B, K, outputs)``: train it with DataParallel and a pipeline of ``members=K``.
-    ``batch_size``: first check that the members fit in memory at that batch size."""
+    initialized exactly as ``init_model(model, seeds[k], ...)`` alone (default seeds:
+    ``seed + k``); ``layout`` (ensemble_layout) places the members on ``ctx``; ``apart``:
+    see MemberStack. Input ``(B, K*C, ...)``, output ``(B, K, outputs)``: train it with
+    DataParallel and a pipeline of ``members=K``. ``batch_size``: first check that the
+    members fit in memory at that batch size."""
     layout = ensemble_layout(layout, model, ctx)
+    seeds = list(seeds) if seeds is not None else [seed + k for k in range(members)]
     if batch_size:
         check_memory(member_factory(model, input_shape, outputs), members, ctx, layout, input_shape, batch_size,
                      model if isinstance(model, str) else "your network")
 
     def member(k, where, conv):
         if isinstance(model, str):
-            return init_model(model, seed + k, where, input_shape, outputs, fused_conv=conv)
-        return init_model(model(), seed + k, where, input_shape)
+            return init_model(model, seeds[k], where, input_shape, outputs, fused_conv=conv)
+        return init_model(model(), seeds[k], where, input_shape)
     if layout == "fused":
         nets = [member(k, ctx, "off") for k in range(members)]
         if model == "lenet":
@@ -112,7 +116,7 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
         return fuse(nets, member_factory(model, input_shape, outputs), ctx, input_shape)
     devices = member_devices(members, ctx, layout)
     nets = [member(k, [devices[k]], fused_conv) for k in range(members)]
-    return MemberStack(nets, devices, input_shape[0], hybridize, layout)
+    return MemberStack(nets, devices, input_shape[0], hybridize, layout, apart)
 
 
 def member_factory(model, input_shape, outputs):

@@ -9,6 +9,7 @@ from ..core.compat import LAYOUT_BEFORE_0_3, upgrade_config, upgrade_lenet_keys
 from ..core.errors import ParamsError, UserError
 from ..core.modes import forward_zeros
 from ..core.params import assign_parameters, last_line, read_parameter_file
+from .fused_lenet import extract_member
 from .init import fused_for
 from .member_stack import MemberStack
 from .zoo import get_model
@@ -16,12 +17,13 @@ from .zoo import get_model
 DEFAULT_INPUT, DEFAULT_OUTPUTS = (1, 28, 28), 10  # FashionMNIST, where no run was recorded
 
 
-def params_in(path):
+def params_in(path, member=None):
     """The parameter file ``path`` names: itself, or for a run folder its ``best.params``
-    (the best epoch by the run's monitor), else its ``net.params`` (the last)."""
+    (the best epoch by the run's monitor), else its ``net.params`` (the last); asked for a
+    ``member``, its ``net.params`` (every member)."""
     if not os.path.isdir(path):
         return path
-    for name in ("best.params", "net.params"):
+    for name in ("best.params", "net.params") if member is None else ("net.params",):
         if os.path.isfile(os.path.join(path, name)):
             return os.path.join(path, name)
     raise ParamsError(f"{path} is a folder without best.params or net.params: not a finished run "
@@ -30,17 +32,21 @@ def params_in(path):
 
 def recorded_run(params_path):
     """What the run beside a params file recorded in its metrics.json: ``{'model',
-    'members', 'layout', 'input_shape', 'outputs', 'data'}``; defaults (LeNet on
-    FashionMNIST's shape) where there is no such file. Ensembles before 0.3 were fused."""
+    'members', 'layout', 'input_shape', 'outputs', 'data', 'sweep'}``; defaults (LeNet on
+    FashionMNIST's shape) where there is no such file. Ensembles before 0.3 were fused.
+    A sweep's net.params holds every member, its best.params the best member alone."""
     meta = os.path.join(os.path.dirname(os.path.abspath(params_path)), "metrics.json")
     found = {"model": "lenet", "members": 1, "layout": LAYOUT_BEFORE_0_3, "input_shape": DEFAULT_INPUT,
-             "outputs": DEFAULT_OUTPUTS, "data": None}
+             "outputs": DEFAULT_OUTPUTS, "data": None, "sweep": False}
     try:
         with open(meta) as f:
             record = json.load(f)
         config = record["config"]
-        found.update(model=config["model"], members=int(config.get("ensemble", 1)),
-                     layout=upgrade_config(config)["ensemble_layout"])
+        members = len(record.get("sweep") or []) or int(config.get("ensemble", 1))
+        if record.get("sweep") and os.path.basename(params_path) == "best.params":
+            members = 1
+        found.update(model=config["model"], members=members, layout=upgrade_config(config)["ensemble_layout"],
+                     sweep=bool(record.get("sweep")))
         if record.get("data"):  # runs before 0.2 trained on FashionMNIST only
             found.update(input_shape=tuple(record["data"]["input_shape"]), outputs=record["data"]["outputs"],
                          data=record["data"])
@@ -54,14 +60,27 @@ def adapt_keys(model, members):
     return upgrade_lenet_keys if model == "lenet" and members == 1 else None
 
 
-def load_model(path, ctx=None, model=None, members=None, input_shape=None, outputs=None, fused_conv="auto"):
+def load_model(path, ctx=None, model=None, members=None, input_shape=None, outputs=None, fused_conv="auto",
+               member=None):
     """Load saved parameters onto ``ctx`` (a Context or a list) and return the network.
 
     ``model``, ``members`` (ensemble size), ``input_shape`` (one sample, channels first)
     and ``outputs`` default to what the run recorded beside the file, else LeNet on
     FashionMNIST's shape. Files saved in either MXNet API, by gluon_gpu or by the
     tutorial's own LeNet, load. The network is built in the API in force. A missing or
-    corrupt file, or one of another architecture or shape, raises ParamsError."""
+    corrupt file, or one of another architecture or shape, raises ParamsError.
+    ``member``: member k of a saved ensemble or sweep, as the network it is alone."""
+    net = _load(path, ctx, model, members, input_shape, outputs, fused_conv)
+    if member is None:
+        return net
+    count = getattr(net, "members", 1)
+    if not 0 <= member < count:
+        raise UserError(f"`member` {member}: {path} holds " + (f"members 0 to {count - 1}" if count > 1 else
+                                                              "one network, not an ensemble or sweep"))
+    return extract_member(net, member, input_shape=tuple(input_shape or recorded_run(path)["input_shape"]))
+
+
+def _load(path, ctx, model, members, input_shape, outputs, fused_conv):
     ctx = ctx if ctx is not None else mx.cpu()
     ctx = ctx if isinstance(ctx, (list, tuple)) else [ctx]
     run = recorded_run(path)

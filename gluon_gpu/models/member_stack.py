@@ -69,15 +69,17 @@ class MemberStack(PlacedMembers):
     """``nets[k]`` on ``devices[k]`` (initialized there already; members of one device
     contiguous), the core's PlacedMembers: DataParallel leaves the members where they are
     and feeds the stack on ``home``. ``layout`` (devices, separate, sequential) groups the
-    members as the module docstring says."""
+    members as the module docstring says; ``apart``: a key per member, and members whose
+    keys differ never share a group (their step graphs differ: a sweep's label smoothing)."""
 
-    def __init__(self, nets, devices, channels, hybridize=True, layout="devices", **kwargs):
+    def __init__(self, nets, devices, channels, hybridize=True, layout="devices", apart=None, **kwargs):
         super().__init__(**kwargs)
         self.members, self.channels, self.home = len(nets), channels, devices[0]
         self.in_turns, per_member = layout == "sequential", layout in ("separate", "sequential")
         self.groups = []  # (first member, device, group)
+        apart = apart or [None] * len(nets)
         for k, (net, device) in enumerate(zip(nets, devices)):
-            if not self.groups or self.groups[-1][1] != device or per_member:
+            if not self.groups or self.groups[-1][1] != device or per_member or apart[k] != apart[k - 1]:
                 self.groups.append((k, device, []))
             self.groups[-1][2].append(net)
         with semantics(model_is_np(nets[0])):

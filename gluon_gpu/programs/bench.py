@@ -35,7 +35,7 @@ from ..core.precision import check_precision, precision_for
 from ..data import load_dataset
 from ..models import get_model
 from ..models.zoo import model_for
-from . import bench_accuracy, bench_ensembles, bench_variants
+from . import bench_accuracy, bench_ensembles, bench_sweep, bench_variants
 from .bench_timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours, time_tutorial
 from .cli import Parser, main_guard, positive_int, progress_enabled, unit_fraction
 from .config import COMMON_FLAGS, add_flags
@@ -45,7 +45,8 @@ from .train import check_writable
 def build_parser():
     p = Parser(prog="gluon_gpu.bench", description=__doc__)
     add_flags(p, COMMON_FLAGS + ("model", "lr", "bucket_mb", "dataset", "image_size", "pipeline", "num_workers",
-                                 "limit", "val_limit", "dtype", "amp", "ensemble_layout", "augment"),
+                                 "limit", "val_limit", "dtype", "amp", "ensemble_layout", "augment", "sweep",
+                                 "sweep_random"),
               many=("devices", "fused_conv", "ensemble_layout", "augment") + bench_variants.PROCESS_WIDE,
               defaults={"devices": None, "augment": "none"})
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs per run (the first is reported apart)")
@@ -226,6 +227,8 @@ def main(argv=None):
                             extra=bench_variants.start_variables(args) if argv is None else None)
     if args.ensemble:
         return bench_ensembles.run_ensembles(args, parser)
+    if args.sweep:
+        return bench_sweep.run_sweep(args)
     if args.workers:
         return run_workers(args)
     data = load_dataset(args.dataset, args.data_dir, args.image_size, limit=args.limit, val_limit=args.val_limit,

@@ -21,14 +21,16 @@ from .config import RunConfig
 from .run import build_run
 
 
-def time_ours(args, spec, bar, data, members=1, fused_conv=None, layout="auto", augment=""):
-    """Epoch seconds of gluon_gpu on ``spec`` and the validation accuracy after training."""
+def time_ours(args, spec, bar, data, members=1, fused_conv=None, layout="auto", augment="", **flags):
+    """Epoch seconds of gluon_gpu on ``spec`` and the validation accuracy after training;
+    ``flags``: other RunConfig values (a sweep's, or one of its configurations)."""
     ctx = parse_devices(spec)
-    config = RunConfig(devices=spec, batch_size=args.batch_size, model=args.model, lr=args.lr,
-                       pipeline=args.pipeline[0], num_workers=args.num_workers, quiet=True, ensemble=members,
-                       ensemble_layout=layout, fused_conv=fused_conv or args.fused_conv[0], bucket_mb=args.bucket_mb,
-                       limit=args.limit, dataset=args.dataset, data_dir=args.data_dir, image_size=args.image_size,
-                       dtype=args.dtype[0], amp=args.amp, augment=augment)
+    config = RunConfig(**{**dict(devices=spec, batch_size=args.batch_size, model=args.model, lr=args.lr,
+                                 pipeline=args.pipeline[0], num_workers=args.num_workers, quiet=True, ensemble=members,
+                                 ensemble_layout=layout, fused_conv=fused_conv or args.fused_conv[0],
+                                 bucket_mb=args.bucket_mb, limit=args.limit, dataset=args.dataset,
+                                 data_dir=args.data_dir, image_size=args.image_size, dtype=args.dtype[0], amp=args.amp,
+                                 augment=augment), **flags})
     runs = []
     for _ in range(args.repeats):
         run = build_run(config, ctx, data=data)

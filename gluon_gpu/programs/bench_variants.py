@@ -19,6 +19,8 @@ from ..core.errors import UserError
 from ..core.files import write_json
 from ..models.member_stack import ensemble_variables
 from .bench_timing import TIMES, figure, text_table
+from .config import RunConfig
+from .sweep import member_count
 
 PROCESS_WIDE = ("dtype", "omp_threads", "engine_threads", "pipeline")
 
@@ -91,7 +93,9 @@ def start_variables(args):
     """The variables MXNet must start with for the bench ``args`` (its thread counts, an
     ensemble's pool of random states): set for a child before it starts, so that it runs
     at once instead of re-executing itself to set them (an import of MXNet saved)."""
-    pool = ensemble_variables(max(args.ensemble), args.model, args.fused_conv[0]) if args.ensemble else {}
+    members = max(args.ensemble) if args.ensemble else member_count(
+        RunConfig(sweep=args.sweep, sweep_random=args.sweep_random))
+    pool = ensemble_variables(members, args.model, args.fused_conv[0])
     return {**thread_variables(args.omp_threads[0], args.engine_threads[0]), **pool}
 
 

@@ -10,6 +10,7 @@ from ..core.compat import upgrade_config
 from ..core.heads import TASKS
 from ..core.kvstores import KVSTORES
 from ..core.precision import DTYPES
+from ..core.pruning import RULES as PRUNE_RULES
 from ..data import DATASETS, PIPELINES
 from ..data.augment import augment_help
 from ..models.fused_conv import MODES
@@ -22,6 +23,10 @@ OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
 EPOCH_SHAPED_LR = ("cosine", "poly", "linear")  # laid out over --epochs
 MONITORS = ("auto", "val-loss", "val-acc", "val-top5", "val-mse", "val-mae")
+# What may differ between a sweep's members (programs/sweep.py): what the optimizer, its
+# schedule and the loss do with the same batches of the same data.
+SWEEPABLE = ("lr", "wd", "momentum", "lr_mode", "lr_decay", "lr_decay_epoch", "warmup_epochs", "warmup_lr",
+             "label_smoothing", "seed")
 
 
 def _choices_help(described):
@@ -78,6 +83,16 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                           "is the model --seed seed+k trains alone", type=positive_int, metavar="K")
     ensemble_layout: str = _flag("auto", "how the members share the devices: " + _choices_help(LAYOUTS),
                                  choices=tuple(LAYOUTS))
+    sweep: str = _flag("", "a hyperparameter sweep trained as one job, a member per configuration, each exactly as "
+                       "its flags train alone: a grid 'lr=0.02,0.05 wd=0,1e-4' (every combination) of "
+                       + ", ".join(n.replace("_", "-") for n in SWEEPABLE) + " (lr-decay-epoch=6/8); with "
+                       "--sweep-random, ranges LO:HI and LO:HI:log too", metavar="SPEC")
+    sweep_random: Optional[int] = _flag(None, "draw N configurations from --sweep (ranges, and one value of each "
+                                        "list), seeded by --seed", type=positive_int, metavar="N")
+    prune: str = _flag("off", "stop sweep members that fall behind on --monitor: off, "
+                       + _choices_help(PRUNE_RULES), choices=("off",) + tuple(PRUNE_RULES))
+    prune_warmup: int = _flag(1, "epochs (W) every member trains before --prune judges it", type=positive_int,
+                              metavar="W")
     epochs: int = _flag(10, "epochs to train to", True, type=positive_int)
     batch_size: int = _flag(256, "global batch size, split over the devices", type=positive_int)
     lr: float = _flag(0.1, "base learning rate", type=positive_float)
@@ -163,6 +178,7 @@ GROUPS = {"devices": ("devices", "fused_conv", "omp_threads", "engine_threads", 
           "optimization": ("recipe", "epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "no_wd",
                            "label_smoothing", "augment", "mixup", "cutmix", "mixup_off_epochs", "ema", "lr_mode",
                            "lr_decay", "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate", "clip_grad"),
+          "sweep": ("sweep", "sweep_random", "prune", "prune_warmup"),
           "checkpoints": ("out", "save_period", "keep", "monitor", "early_stop"),
           "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}

@@ -5,7 +5,7 @@ from ..core.heads import head_for
 from ..core.parallel import DataParallel
 from ..data import DataSpec, DevicePipeline, load_dataset
 from ..models import load_model, params_in, pipeline_layout, recorded_run
-from .cli import Parser, check_batch, main_guard, parse_args
+from .cli import Parser, check_batch, main_guard, non_negative_int, parse_args
 from .config import COMMON_FLAGS, add_flags
 
 
@@ -22,6 +22,8 @@ def add_saved_model_flags(p):
                    help="a run folder (its best.params, else net.params) or a parameter file (gluon_gpu's, "
                         "or saved by your own code)")
     p.add_argument("--model", default=None, help="network (default: the one the run recorded, else lenet)")
+    p.add_argument("--member", type=non_negative_int, default=None, metavar="K",
+                   help="member K of an ensemble or sweep (a run folder: from its net.params), as that network alone")
 
 
 def recorded_spec(params_path):
@@ -41,13 +43,14 @@ def validation_data(spec, data_dir=None):
     return data
 
 
-def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_conv="auto"):
+def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_conv="auto", member=None):
     """``{'loss', <metric>...}`` on the validation split for the parameters in ``path``
-    loaded onto ``ctx``."""
+    loaded onto ``ctx`` (``member``: that member of an ensemble or sweep alone)."""
     spec = recorded_spec(path)
     data = validation_data(spec, data_dir)
     spec = spec or data.spec
-    net = load_model(path, ctx, model, input_shape=spec.input_shape, outputs=spec.outputs, fused_conv=fused_conv)
+    net = load_model(path, ctx, model, input_shape=spec.input_shape, outputs=spec.outputs, fused_conv=fused_conv,
+                     member=member)
     members = getattr(net, "members", 1)
     dp = DataParallel(net, ctx, head=head_for(spec.task, spec.outputs), transform=spec.transform(members))
     eval_ctx = pipeline_layout(net, ctx).eval_ctx  # an ensemble of placed members: its home device
@@ -58,13 +61,16 @@ def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_
 @main_guard("gluon_gpu.evaluate")
 def main(argv=None):
     args = parse_args(build_parser(), argv)
-    args.params = params_in(args.params)
+    args.params = params_in(args.params, args.member)
     run = recorded_run(args.params)
     model = args.model or run["model"]
     with devices(args.devices) as ctx:
         check_batch(args.batch_size, ctx)
-        result = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv)
-    what = f"ensemble of {run['members']} {model}" if run["members"] > 1 and not args.model else model
+        result = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv,
+                                 args.member)
+    kind = "sweep" if run["sweep"] else "ensemble"
+    what = f"{kind} of {run['members']} {model}" if run["members"] > 1 and not args.model else model
+    what = f"member {args.member} of the {what}" if args.member is not None else what
     figures = "  ".join(f"{name} {value:.4f}" for name, value in result.items()
                         if name != "samples" and not name.startswith("member_"))
     print(f"{args.params}: {what} validation {figures} on {describe(ctx)} ({result['samples']} samples)")

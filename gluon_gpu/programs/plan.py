@@ -31,8 +31,12 @@ def plan_line(config, run, ctx, out, dry_run=False):
     """One line: version | model on devices (threads) | exchange | batch | data | out."""
     dp = run.dp
     what = config.model
-    if config.ensemble > 1:
-        what = f"{config.ensemble} x {what} ({ensemble_layout(config.ensemble_layout, config.model, ctx)} layout)"
+    members = len(run.sweep) or config.ensemble
+    if members > 1:
+        layout = ensemble_layout(config.ensemble_layout, config.model, ctx)
+        what = f"{'sweep of ' if run.sweep else ''}{members} x {what} ({layout} layout)"
+    if run.sweep and config.prune != "off":
+        what += f", prune {config.prune} from epoch {config.prune_warmup}"
     what += " (fused conv+relu+pool)" if is_fused(dp.net) else ""
     what += f" in {dp.precision.describe()}" if dp.precision.dtype != "float32" else ""
     workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""

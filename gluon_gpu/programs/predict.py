@@ -119,12 +119,12 @@ def describe_output(name, values, spec):
 @main_guard("gluon_gpu.predict")
 def main(argv=None):
     args = parse_args(build_parser(), argv)
-    args.params = params_in(args.params)
+    args.params = params_in(args.params, args.member)
     spec = recorded_spec(args.params) or fashion_spec()  # a file without a run: the tutorial's LeNet
     names, inputs = _inputs(args, spec)
     with devices(args.devices or ("gpu:0" if gpu_count() else "cpu")) as ctx:
         net = load_model(args.params, ctx, args.model, input_shape=spec.input_shape, outputs=spec.outputs,
-                         fused_conv=args.fused_conv)
+                         fused_conv=args.fused_conv, member=args.member)
         outputs = predict(net, inputs, ctx, spec)
     results = [describe_output(name, values, spec) for name, values in zip(names, outputs)]
     if args.json:

@@ -22,6 +22,7 @@ from ..models.sync_bn import use_sync_batchnorm
 from ..models.zoo import check_model_name, model_for
 from .cli import MAX_SEED, check_batch
 from .config import RunConfig
+from .sweep import check_sweep, member_configs, per_member
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Run:
     augment: str = ""  # the augmentation, every parameter written out ("" for none)
     mixing: str = ""  # mixup or cutmix, its alpha and last epoch ("" for none)
     ema: object = None  # --ema: the WeightAverage of the weights
+    sweep: tuple = ()  # --sweep: each member's RunConfig
 
 
 def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, saved_spec=None, pipelines=None):
@@ -52,7 +54,10 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     check_precision(precision_for(config.dtype, config.amp), ctx)
     if model is None and config.model != "auto":
         check_model_name(config.model)
-    if config.sync_bn and config.ensemble > 1 and config.ensemble_layout != "fused":
+    sweep = member_configs(config)
+    check_sweep(config, sweep)
+    members = len(sweep) or config.ensemble
+    if config.sync_bn and members > 1 and config.ensemble_layout != "fused":
         raise UserError(f"`sync_bn`: with `ensemble_layout` {config.ensemble_layout} every member trains on whole "
                         "batches on one device, so its BatchNorm has nothing to synchronize; leave `sync_bn` out")
     if config.seed + config.ensemble - 1 > MAX_SEED:
@@ -67,18 +72,20 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         config = replace(config, model=model_for(config.model, spec.input_shape))
     store = mx.kv.create(config.kvstore) if config.kvstore and config.kvstore.startswith("dist") else None
     shard = (store.rank, store.num_workers) if store else (0, 1)
-    net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, config.ensemble,
+    seeds = [m.seed for m in sweep] or None
+    net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, members,
                      config.fused_conv, config.ensemble_layout, config.hybridize,
-                     min(config.batch_size, len(data.train_y)))  # the largest batch the data makes
-    if config.label_smoothing and spec.task != "classify":
+                     min(config.batch_size, len(data.train_y)),  # the largest batch the data makes
+                     seeds, [m.label_smoothing for m in sweep] or None)
+    if any(m.label_smoothing for m in sweep or [config]) and spec.task != "classify":
         raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
     augment = make_augment(config.augment, spec)
     mixing = make_mixing(config.mixup, config.cutmix, config.mixup_off_epochs, config.epochs, spec)
     if config.ema is not None and not config.ema > 0:
         raise UserError(f"`ema` {config.ema}: the decay must be above 0 (and below 1), e.g. 0.999")
     for name, block in (("augment", augment), ("mixup" if config.mixup else "cutmix", mixing), ("ema", config.ema)):
-        if block is not None and config.ensemble > 1:
-            raise UserError(f"`{name}` does not apply to an `ensemble` yet")
+        if block is not None and members > 1:
+            raise UserError(f"`{name}` does not apply to an `ensemble` or a `sweep` yet")
     if config.no_wd:
         exclude_from_weight_decay(net)
     layout = pipeline_layout(net, ctx)
@@ -87,20 +94,22 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         _check_sync_bn_batches(len(data.train_y), config.batch_size * shard[1], len(ctx))
     pipeline, why = choose_pipeline(config.pipeline, sum(device_copy_bytes(x, y) for x, y in (
         (data.train_x, data.train_y), (data.val_x, data.val_y))), layout.train_ctx,
-        device_only(config.ensemble), data.on_disk)
+        device_only(members), data.on_disk)
     workers = default_workers(ctx) if config.num_workers is None else config.num_workers
     pipes = pipelines or [
         make_pipeline(pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train, num_workers=workers,
-                      members=config.ensemble, shard=shard if train else (0, 1),
+                      members=members, shard=shard if train else (0, 1), seeds=seeds,
                       member_groups=layout.member_groups if train else None, in_turns=train and layout.in_turns,
                       augment=augment if train else None, mixing=mixing if train else None)
         for x, y, train, pipe_ctx in ((data.train_x, data.train_y, True, layout.train_ctx),
                                       (data.val_x, data.val_y, False, layout.eval_ctx))]
     updates_per_epoch = -(-len(pipes[0]) // pipes[0].turns // config.accumulate)  # each member's, in turns too
-    dp = DataParallel(net, ctx, config.optimizer, optimizer_params(config, updates_per_epoch),
-                      kvstore=store or config.kvstore,
-                      head=head_for(spec.task, spec.outputs, config.label_smoothing),
-                      transform=spec.transform(config.ensemble), hybridize=config.hybridize,
+    dp = DataParallel(net, ctx, config.optimizer,  # a sweep: each member its own optimizer and loss
+                      per_member(sweep, lambda m: optimizer_params(m, updates_per_epoch)) if sweep else
+                      optimizer_params(config, updates_per_epoch), kvstore=store or config.kvstore,
+                      head=per_member(sweep, lambda m: head_for(spec.task, spec.outputs, m.label_smoothing))
+                      if sweep else head_for(spec.task, spec.outputs, config.label_smoothing),
+                      transform=spec.transform(members), hybridize=config.hybridize,
                       dtype=config.dtype, amp=config.amp, batch_size=config.batch_size,
                       bucket_bytes=int(config.bucket_mb * 2**20), exchange=exchange,
                       accumulate=config.accumulate, clip_grad=config.clip_grad, augment=augment,
@@ -116,7 +125,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                    workers, pipeline == "loader" or data.on_disk),
                describe(augment.components) if augment is not None else "",
                describe_mixing(mixing) if mixing is not None else "",
-               WeightAverage(dp, config.ema, pipes[1]) if config.ema else None)
+               WeightAverage(dp, config.ema, pipes[1]) if config.ema else None, sweep)
 
 
 def _workers_text(workers, used):

@@ -7,6 +7,8 @@ from ..core.callbacks import CurvesPlot, EpochPrinter, MetricsFile
 from ..core.early_stopping import BestParams, EarlyStopping, Monitor
 from ..core.loggers import MetricsCsv, TensorBoard
 from ..core.profiling import StepProfiler
+from ..core.pruning import Pruning
+from .sweep_results import SweepRecord, SweepTable, sweep_monitor
 
 DEFAULT_MONITOR = {"classify": "val-acc", "regress": "val-mse"}
 
@@ -14,23 +16,33 @@ DEFAULT_MONITOR = {"classify": "val-acc", "regress": "val-mse"}
 def monitor_for(config, run):
     """The run's --monitor (auto: by task), checked against the figures it reports."""
     flag = DEFAULT_MONITOR[run.data.spec.task] if config.monitor == "auto" else config.monitor
-    return Monitor(flag, run.dp.names)
+    return sweep_monitor(flag, run.dp.names, run.sweep) if run.sweep else Monitor(flag, run.dp.names)
 
 
 def early_stopping(config, monitor):
     return EarlyStopping(monitor, config.early_stop) if config.early_stop else None
 
 
-def chief_callbacks(config, run, out, header, monitor, say=print, resumed_at=None):
+def chief_callbacks(config, run, out, header, monitor, say=print, resumed_at=None, history=()):
     """What rank 0 (the only writer) runs at each epoch end, in order; ``say`` shows the
-    epoch line (the run's TrainLog)."""
+    epoch line (the run's TrainLog). ``history``: a resumed run's epochs so far."""
     callbacks = [run.ema] if run.ema is not None else []  # first: its figures join the epoch's record
+    table = SweepTable(out, run.sweep, monitor) if run.sweep else None
+    if run.sweep:  # first too: they shape the record the others write
+        callbacks.append(SweepRecord())
+        if config.prune != "off":
+            pruning = Pruning(config.prune, monitor.key, monitor.lower, config.prune_warmup, run.dp.net.stop)
+            pruning.resume(history)
+            callbacks.append(pruning)
     callbacks += [EpochPrinter(config.epochs, say),
                   BestParams(os.path.join(out, "best.params"), run.dp.net, monitor, run.ema),
                   MetricsFile(os.path.join(out, "metrics.json"), header,
-                              extra=lambda history: {"best": monitor.summary(history)}),
+                              extra=lambda history: {"best": monitor.summary(history),
+                                                     **({"sweep": table.rows(history)} if table else {})}),
                   MetricsCsv(os.path.join(out, "metrics.csv"), config.log_steps, resumed_at),
                   CurvesPlot(os.path.join(out, "curves.png"))]
+    if table:
+        callbacks.append(table)
     if config.tensorboard:
         callbacks.append(TensorBoard(os.path.join(out, "tb"), config.log_steps))
     if config.profile:

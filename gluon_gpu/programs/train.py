@@ -30,6 +30,7 @@ from .recipes import apply_recipe, recipe_table
 from .resume import Checkpointer, restart_from, resume_config, resume_point
 from .run import build_run
 from .run_callbacks import chief_callbacks, monitor_for
+from .sweep import member_count
 
 EXAMPLES = """examples:
   gluon-gpu-train                                      LeNet on FashionMNIST, every device, 10 epochs
@@ -109,9 +110,10 @@ def main(argv=None):
     # needs them; an ensemble only runs faster, so a library call goes on without)
     extra, workers = {}, 0
     if argv is None:
-        extra.update(ensemble_variables(config.ensemble, config.model, config.fused_conv))
+        members = member_count(config)
+        extra.update(ensemble_variables(members, config.model, config.fused_conv))
         if not config.engine_threads:  # an ensemble on one CPU context: a worker per core
-            workers = ensemble_engine_workers(config.ensemble, config.ensemble_layout, parse_devices(config.devices))
+            workers = ensemble_engine_workers(members, config.ensemble_layout, parse_devices(config.devices))
     if config.sync_bn:
         extra.update(sync_bn_variables(config.engine_threads))
     if extra or workers:
@@ -165,7 +167,8 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
     record = {"config": config.to_dict(), "data": run.data.spec.to_dict()}
     header = {**record, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
               "fused_conv": is_fused(dp.net), "mxnet": mx.__version__, "gluon_gpu": __version__}
-    callbacks = chief_callbacks(config, run, out, header, monitor, say, start[:2] if resumed else None) if say else []
+    callbacks = chief_callbacks(config, run, out, header, monitor, say, start[:2] if resumed else None,
+                                history) if say else []
     checkpointer = Checkpointer(out, dp, record, config, run.train.turns, run.ema)
     last_good = _KeepLastGood(dp.net, start[0])
     stop = StopFlag()
@@ -247,7 +250,9 @@ def best_line(monitor, history, out):
     if best is None:
         return f"best: no epoch has a {monitor.flag} figure; {out}/net.params holds the last parameters"
     weights = " (the moving average of the weights)" if monitor.from_average(best) else ""
-    return f"best: epoch {best['epoch']}, {monitor.flag} {monitor.value(best):.4f}{weights}: {out}/best.params"
+    member = monitor.best_member(best)
+    which = f"member {member} ({monitor.labels[member]}), " if member is not None else ""
+    return f"best: {which}epoch {best['epoch']}, {monitor.flag} {monitor.value(best):.4f}{weights}: {out}/best.params"
 
 
 def _end(callbacks, history, status, reason=None):
