@@ -23,6 +23,7 @@ from gluon_gpu.programs.run import build_run
 from gluon_gpu.programs.sweep import member_configs, varied
 
 from conftest import param_arrays, read_metrics
+from failure_table import table_exit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Random draws (seed 8) that give three members differing in every flag named: the test
@@ -239,7 +240,7 @@ def test_a_pruned_sweep_stopped_mid_epoch_resumes_to_the_straight_run(tmp_path):
     (["--sweep", "momentum=0,0.9", "--optimizer", "adam"], "--sweep member 1 (momentum=0.9): --momentum applies to"),
 ])
 def test_bad_sweep_flags_are_one_line_and_exit_2(tmp_path, capsys, args, message):
-    assert train.main(["--out", str(tmp_path / "r"), "--devices", "cpu", "--limit", "256", "--quiet",
-                       "--dry-run"] + args) == 2
+    assert table_exit("a `--sweep` that cannot be", train.main(["--out", str(tmp_path / "r"), "--devices", "cpu",
+                                                                "--limit", "256", "--quiet", "--dry-run"] + args))
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err

@@ -133,3 +133,12 @@ def head_for(task, classes=None, label_smoothing=0.0):
 def as_head(head):
     """A Head from a Head, a task name, or None (classification)."""
     return head if isinstance(head, Head) else (head_for(head) if head else Classification())
+
+
+def as_heads(head):
+    """``(the first head, each member's heads or None)`` of ``head``: one (as_head takes
+    it), or a list of one per member (a sweep's: label smoothing differs)."""
+    if isinstance(head, list):
+        heads = [as_head(h) for h in head]
+        return heads[0], heads
+    return as_head(head), None

@@ -18,7 +18,7 @@ from .coordination import Workers
 from .devices import check_cpu_only, split_batch
 from .gradients import Gradients
 from .graph import make_step_graph
-from .heads import as_head
+from .heads import as_heads
 from .inputs import TrainingInputs
 from .kvstores import check_exchange, default_kvstore
 from .members import PlacedMembers, trainer_for
@@ -56,8 +56,7 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         check_cpu_only(net, self.ctx)
         self.net, self.transform, self.hybridize = net, transform, hybridize
         self.inputs = TrainingInputs(augment, mixing)
-        self.heads = [as_head(h) for h in head] if isinstance(head, list) else None  # placed members: one each
-        self.head = self.heads[0] if self.heads else as_head(head)
+        self.head, self.heads = as_heads(head)  # placed members may have one each
         self.members, self.is_np = getattr(net, "members", 1), model_is_np(net)
         enable_amp(self.precision, self.is_np)  # before any graph is built
         with semantics(self.is_np):
@@ -67,8 +66,7 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
                 net.cast(self.precision.param_dtype)
         for block in ([transform] if transform else []) + self.inputs.blocks:  # their constants on the devices
             place(block, self.ctx, mx.init.Uniform())  # (normalization, pixel grids): keep their own values
-        params = ([self.precision.optimizer_params(p) for p in optimizer_params]
-                  if isinstance(optimizer_params, (list, tuple)) else self.precision.optimizer_params(optimizer_params))
+        params = self.precision.optimizer_params(optimizer_params)
         if accumulate > 1:  # backward adds to the gradients until the update
             for p in (p for p in net.collect_params().values() if p.grad_req != "null"):
                 p.grad_req = "add"

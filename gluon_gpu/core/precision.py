@@ -38,7 +38,10 @@ class Precision:
 
     def optimizer_params(self, params):
         """The optimizer's parameters for this precision: a network cast to float16
-        keeps float32 master weights (``multi_precision``) unless told otherwise."""
+        keeps float32 master weights (``multi_precision``) unless told otherwise. A list
+        (one per member): each."""
+        if isinstance(params, (list, tuple)):
+            return [self.optimizer_params(p) for p in params]
         params = dict(params or {})
         if self.param_dtype == "float16":
             params.setdefault("multi_precision", True)
