@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import uuid
 import sys
 from dataclasses import replace
 
@@ -244,3 +245,42 @@ def test_bad_sweep_flags_are_one_line_and_exit_2(tmp_path, capsys, args, message
                                                                 "--limit", "256", "--quiet", "--dry-run"] + args))
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_a_launched_sweep_ends_as_one_process_and_resumes_with_another_worker_count(tmp_path):
+    """Four members spread over two workers (two each), pruned by the median rule: after
+    2 epochs the job holds the members, figures and pruning of one process; resumed on
+    one worker to epoch 3 it ends where one process ends."""
+    from test_distributed import run_launch
+    flags = ["--devices", "cpu", "--limit", "768", "--val-limit", "256", "--batch-size", "128", "--quiet",
+             "--sweep", "lr=0.1,0.05,0.02,1e-9", "--prune", "median", "--momentum", "0.9"]
+    straight = {}
+    for epochs in (2, 3):
+        straight[epochs] = str(tmp_path / f"straight{epochs}")
+        assert train.main(flags + ["--epochs", str(epochs), "--out", straight[epochs]]) == 0
+    out = str(tmp_path / "job")
+    job = run_launch(["-n", "2", "-s", "1", "--timeout", "200", "--", sys.executable, "-m", "gluon_gpu.train",
+                      "--kvstore", "dist_sync"] + flags + ["--epochs", "2", "--out", out], uuid.uuid4().hex)
+    said, err = job.communicate(timeout=240)
+    assert job.returncode == 0, err
+    assert "members spread over 2 workers (2 on this one)" in said
+    assert_same_members(straight[2], out)
+    assert read_metrics(out)["epochs"][0]["stopped"] == read_metrics(straight[2])["epochs"][0]["stopped"] != {}
+    resumed = run_launch(["-n", "1", "-s", "1", "--timeout", "200", "--", sys.executable, "-m", "gluon_gpu.train",
+                          "--kvstore", "dist_sync"] + flags + ["--resume", out, "--epochs", "3"], uuid.uuid4().hex)
+    said, err = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, err
+    assert "members spread over 1 worker (4 on this one)" in said
+    assert_same_members(straight[3], out)
+
+
+def assert_same_members(want, got):
+    """The same parameters (best.params too) and per-member figures, epoch by epoch."""
+    for name in ("net.params", "best.params"):
+        a, b = mx.nd.load(os.path.join(want, name)), mx.nd.load(os.path.join(got, name))
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_allclose(b[key].asnumpy(), a[key].asnumpy(), rtol=1e-6, atol=1e-7, err_msg=key)
+    for ra, rb in zip(read_metrics(want)["epochs"], read_metrics(got)["epochs"], strict=True):
+        for key in ("member_val_acc", "member_val_loss", "member_train_loss", "stopped"):
+            assert ra[key] == rb[key], key

@@ -33,13 +33,13 @@ def check_options(ctx, kvstore=None):
 
 def check_exchange(ctx, kvstore, placed=False, clip_grad=None, exchange=True):
     """``check_options``, then reject what a job on ``kvstore`` cannot exchange: members
-    placed on their own devices (``placed``) or no exchange at all in a distributed job,
-    clipping where the servers update (dist_async)."""
+    placed on their own devices (``placed``) where nothing is synchronous, no exchange at
+    all in a distributed job, clipping where the servers update (dist_async)."""
     check_options(ctx, kvstore)
     distributed = kvstore.startswith("dist")
-    if distributed and placed:
-        raise UserError("an ensemble laid out over devices trains in one process: use `ensemble_layout` fused "
-                        "with a distributed kvstore, or no launcher")
+    if placed and kvstore == "dist_async":
+        raise UserError("members spread over workers share their parameters at agreed steps: use `kvstore` "
+                        "dist_sync, not dist_async")
     if clip_grad and kvstore == "dist_async":
         raise UserError("`clip_grad` needs the update on the workers; dist_async updates on the servers")
     if distributed and not exchange:

@@ -144,11 +144,15 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
     def on_step():
         for step in steppers:
             step()
+    if dp.spread:  # members spread over the workers: which ones a resumed sweep pruned
+        dp.spread.agree_stopped()
     for epoch in range(start_epoch, epochs):
         train = train_epoch(dp, train_pipeline, epoch, log_interval, progress,
                             start_batch if epoch == start_epoch else 0, stop,
                             seconds_before if epoch == start_epoch else 0.0, on_log if loggers else None,
                             on_step if steppers else None)
+        if dp.spread:  # every member from the worker that trains it, for rank 0 to validate and save
+            dp.spread.share()
         val = validate(dp, val_pipeline) if dp.rank == 0 else {}
         wrong = _diverged(dp.head, {"train_loss": train["loss"], **val})  # the train loss: over all workers
         if dp.workers.any(wrong is not None):
@@ -159,6 +163,8 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
         history.append(record)
         for cb in callbacks:
             cb.on_epoch_end(record, history)
+        if dp.spread:  # the members rank 0's callbacks pruned stop on every worker
+            dp.spread.agree_stopped()
         if dp.workers.any(any(getattr(cb, "stop_requested", False) for cb in callbacks)):
             break  # early stopping: rank 0 decided, every worker follows
         if stop is not None and stop.confirmed and epoch + 1 < epochs:

@@ -5,6 +5,7 @@ for all or one per member (a sweep: members that differ in their hyperparameters
 import mxnet as mx
 from mxnet import gluon
 
+from .member_optimizer import MemberOptimizer
 from .modes import legacy
 
 
@@ -36,16 +37,21 @@ class PlacedMembers(gluon.Block):
                       for first, device, group in self.groups] for a in (data, label))
 
     stopped = frozenset()  # members that take no more steps (stop)
+    owners, rank = None, 0  # members spread over a job's workers: each member's rank, and this one's
 
     def stop(self, members):
         """``members`` take no more steps (a sweep's pruned members): their parameters
         stay as they are, and a group of only such members no longer runs."""
         self.stopped = frozenset(self.stopped) | set(members)
 
+    def mine(self, k):
+        """Whether this process trains member ``k`` (core/spread_members.py)."""
+        return self.owners is None or self.owners[k] == self.rank
+
     def members_of(self, groups):
-        """The members that ``groups`` (indices into ``groups``) train, less the stopped ones."""
+        """The members that ``groups`` (indices into ``groups``) train here, less the stopped ones."""
         return [first + j for first, _, group in (self.groups[g] for g in groups) for j in range(len(group.nets))
-                if first + j not in self.stopped]
+                if first + j not in self.stopped and self.mine(first + j)]
 
     def graph_of(self, g):
         """``(block, members, slots)`` of group ``g``'s step graph: its figures land in its
@@ -85,8 +91,34 @@ class MemberTrainer(gluon.Trainer):
                                for net in nets]
         if per_member:
             self._optimizer.owners = {i: k for k, indices in enumerate(self._member_params) for i in indices}
+        self._nets = list(nets)
         self._devices = [self._params[i[0]].list_ctx()[0] if i else None for i in self._member_params]
         self._stepping = range(len(nets))
+
+    def member_arrays(self, member):
+        """Member ``member``'s parameters (all: BatchNorm's statistics too) and optimizer
+        states, in a fixed order; states its optimizer has not made yet are made now
+        (zeros, as it would make them)."""
+        updater, index = self._updaters[0], {id(p): i for i, p in enumerate(self._params)}
+        arrays = []
+        for param in self._nets[member].collect_params().values():
+            arrays.append(param.list_data()[0])
+            i = index[id(param)]
+            if i in self._member_params[member]:
+                if i not in updater.states:
+                    updater.states[i] = self._optimizer.create_state_multi_precision(i, arrays[-1])
+                    updater.states_synced[i] = True
+                arrays += _flat_state(updater.states[i])
+        return arrays
+
+    def member_counts(self, member):
+        """The update count of each of member ``member``'s trained parameters."""
+        counts = self._optimizer._index_update_count  # pylint: disable=protected-access
+        return [counts.get(i, 0) for i in self._member_params[member]]
+
+    def set_member_counts(self, member, values):
+        counts = self._optimizer._index_update_count  # pylint: disable=protected-access
+        counts.update({i: v for i, v in zip(self._member_params[member], values) if v})
 
     def _check_contexts(self):
         return self._params[0].list_ctx()[:1] if self._params else []
@@ -119,50 +151,12 @@ class MemberTrainer(gluon.Trainer):
         self._kv_initialized = True
 
 
-class MemberOptimizer(mx.optimizer.Optimizer):
-    """Member k's parameters updated by ``optimizers[k]``, under the one Updater a Trainer
-    holds: its states, update counts (by parameter index) and checkpoints are the usual
-    ones, and each optimizer computes exactly what it computes alone (its learning rate,
-    schedule, weight decay, momentum). ``owners``: parameter index -> member."""
-
-    def __init__(self, optimizers):
-        super().__init__(learning_rate=optimizers[0].lr)
-        self.optimizers, self.owners = list(optimizers), {}
-        self.aggregate_num = min(o.aggregate_num for o in self.optimizers)
-
-    def create_state_multi_precision(self, index, weight):
-        return self.optimizers[self.owners[index]].create_state_multi_precision(index, weight)
-
-    def update_multi_precision(self, index, weight, grad, state):
-        """Each member's run of ``index`` by its own optimizer, counting from this
-        optimizer's ``num_update`` as MemberTrainer.update_members set it."""
-        many = isinstance(index, (list, tuple))
-        items = list(zip(index, weight, grad, state)) if many else [(index, weight, grad, state)]
-        start = self.num_update
-        runs = []  # [(member, [items])], consecutive parameters of one member together
-        for item in items:
-            member = self.owners[item[0]]
-            if runs and runs[-1][0] == member:
-                runs[-1][1].append(item)
-            else:
-                runs.append((member, [item]))
-        for member, run in runs:
-            optimizer = self.optimizers[member]
-            optimizer.param_dict, optimizer.rescale_grad = self.param_dict, self.rescale_grad  # lr_mult, wd_mult
-            optimizer._index_update_count = self._index_update_count  # pylint: disable=protected-access
-            optimizer.num_update = start
-            columns = [list(c) for c in zip(*run)]
-            optimizer.update_multi_precision(*(columns if many else [c[0] for c in columns]))
-            self.num_update = max(self.num_update, optimizer.num_update)
-
-    def update(self, index, weight, grad, state):
-        self.update_multi_precision(index, weight, grad, state)
-
-    @property
-    def learning_rate(self):
-        """The first member's (a sweep's members each have their own)."""
-        first = self.optimizers[0]
-        return first.lr_scheduler(self.num_update) if first.lr_scheduler is not None else first.lr
+def _flat_state(state):
+    if state is None:
+        return []
+    if isinstance(state, (list, tuple)):
+        return [a for s in state for a in _flat_state(s)]
+    return [state]
 
 
 def trainer_for(net, optimizer, params, kvstore, update_on_kvstore):

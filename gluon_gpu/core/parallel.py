@@ -86,8 +86,8 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
                                    self.placed)
         self.names = self.head.names
         self.sums = DeviceSums(self.ctx, (1 + len(self.names)) * self.members, self.members)
-        if distributed:
-            self.workers.start(self.trainer, self.is_np, self.sums.width, len(self.ctx))
+        self.spread = self.workers.start(self.trainer, self.is_np, self.sums.width, len(self.ctx),
+                                         self.placed) if distributed else None  # members spread over workers
         self._graphs = {}
 
     def split(self, data, label, training=True):
@@ -135,7 +135,7 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         Gradients are divided by the larger of the nominal samples (batch x batches
         summed) and the real ones; synchronous workers receive the sum over all workers."""
         scale = max(self._pending_samples, (self.batch_size or 0) * self.accumulate)
-        scale *= self.num_workers if self.workers.sync else 1
+        scale *= self.num_workers if self.workers.sync and not self.placed else 1
         self.pending_batches, self._pending_samples = 0, 0
         if self.trainer._update_on_kvstore:  # pylint: disable=protected-access
             self.trainer.step(scale)  # dist_async: the servers update
@@ -163,7 +163,7 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         the one host sync. Ensembles: means over members, and ``member_<name>`` lists."""
         vector, samples = self.sums.total(), self.sums.seen
         if self.workers.sync:
-            vector, samples = self.workers.sum_metrics(vector, self.sums.samples)
+            vector, samples = self.workers.sum_metrics(vector, samples if self.placed else self.sums.samples)
         if reset:
             self.sums.reset()
         return report(vector, samples, self.names, self.members)

@@ -48,13 +48,13 @@ def fused_for(name, ctx, fused_conv="auto"):
 
 
 def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1, fused_conv="auto",
-               layout="auto", hybridize=True, batch_size=None, seeds=None, apart=None):
+               layout="auto", hybridize=True, batch_size=None, seeds=None, apart=None, spread=None):
     """A network initialized on ``ctx`` with seeded Xavier: ``model`` is a zoo name (see
     get_model) or a user's Block (initialized here unless it already is). An ensemble's
     member k is initialized exactly as a single network with seed ``seed + k`` (or
     ``seeds[k]``); ``layout`` (ensemble_layout) lays the members out over ``ctx``, once
     ``batch_size`` (if given) shows they fit in memory (as it must for a single network
-    too); ``apart``: see MemberStack."""
+    too); ``apart``: see MemberStack; ``spread``: see ensemble."""
     if not isinstance(model, str):
         if batch_size and isinstance(model, mx.gluon.HybridBlock):  # an imperative Block: first_pass tells
             check_training_memory(lambda: model, input_shape, ctx, batch_size, "your network")
@@ -66,7 +66,7 @@ def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1,
         return model
     if members > 1:
         return ensemble(model, members, ctx, seed, input_shape, outputs, layout, fused_conv, hybridize, batch_size,
-                        seeds, apart)
+                        seeds, apart, spread)
     fused = fused_for(model, ctx, fused_conv)
     if batch_size:
         check_training_memory(lambda: get_model(model, outputs, input_shape[0]), input_shape, ctx, batch_size, model)
@@ -89,14 +89,17 @@ def first_pass(net, input_shape, ctx, name):
 
 
 def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, layout="auto",
-             fused_conv="auto", hybridize=True, batch_size=None, seeds=None, apart=None):
+             fused_conv="auto", hybridize=True, batch_size=None, seeds=None, apart=None, spread=None):
     """``members`` independently seeded copies of a network, trained at once: ``model`` is
     a zoo name or a function that returns a fresh (uninitialized) network. Member k is
     initialized exactly as ``init_model(model, seeds[k], ...)`` alone (default seeds:
     ``seed + k``); ``layout`` (ensemble_layout) places the members on ``ctx``; ``apart``:
     see MemberStack. Input ``(B, K*C, ...)``, output ``(B, K, outputs)``: train it with
     DataParallel and a pipeline of ``members=K``. ``batch_size``: first check that the
-    members fit in memory at that batch size."""
+    members fit in memory at that batch size. ``spread=(owners, rank)``: the members are
+    spread over a distributed job's workers (core/spread_members.py), this process's
+    dealt over ``ctx`` as ``layout`` says, the others (which it holds, never trains) on
+    the first device in groups of their own."""
     layout = ensemble_layout(layout, model, ctx)
     seeds = list(seeds) if seeds is not None else [seed + k for k in range(members)]
     if batch_size:
@@ -114,9 +117,16 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
             return combine_members(nets, ctx, fused_for(model, ctx, fused_conv), input_shape)
         from .fused_members import fuse
         return fuse(nets, member_factory(model, input_shape, outputs), ctx, input_shape)
-    devices = member_devices(members, ctx, layout)
+    owners, rank = spread or ([0] * members, 0)
+    mine = [k for k in range(members) if owners[k] == rank]
+    dealt = dict(zip(mine, member_devices(len(mine), ctx, layout)))
+    devices = [dealt.get(k, ctx[0]) for k in range(members)]
     nets = [member(k, [devices[k]], fused_conv) for k in range(members)]
-    return MemberStack(nets, devices, input_shape[0], hybridize, layout, apart)
+    keys = [(owner, key) for owner, key in zip(owners, apart or [None] * members)]  # no group spans two workers
+    stack = MemberStack(nets, devices, input_shape[0], hybridize, layout, keys)
+    if spread:
+        stack.owners, stack.rank = owners, rank
+    return stack
 
 
 def member_factory(model, input_shape, outputs):

@@ -10,6 +10,11 @@ from .recipes import spelled
 
 def exchange_plan(dp, config, ctx):
     """'kvstore local, gradient buckets <= 4 MiB': how the gradients are exchanged."""
+    if dp.spread:
+        mine = sum(dp.placed.mine(k) for k in range(dp.placed.members))
+        return (f"members spread over {dp.num_workers} worker{'s' * (dp.num_workers > 1)} ({mine} on this one), "
+                "no gradient exchange, "
+                "shared at each epoch's end")
     if dp.placed:
         return "no gradient exchange (independent members)"
     kvstore = f"kvstore {config.kvstore or default_kvstore(ctx)}"

@@ -63,10 +63,12 @@ class Checkpointer:
         """Write a checkpoint (rank 0 of a distributed job only; every worker calls this,
         at the same steps) and return its directory. ``batch`` counts global batches of
         this many workers: a resume with another worker count converts it."""
+        if self.dp.spread:  # members spread over the workers: rank 0 gets them all
+            self.dp.spread.share()
         metrics = self.dp.workers.sum_metric_state(self.dp.sums.state())  # synchronous workers: over all
         if not self.chief:
             return None
-        state = {"epoch": epoch, "batch": batch, "workers": self.dp.num_workers, "turns": self.turns,
+        state = {"epoch": epoch, "batch": batch, "workers": data_workers(self.dp), "turns": self.turns,
                  "seconds": seconds, "metrics": metrics, "history": history, **self.record}
         extras = {self.ema.FILE: self.ema.arrays()} if self.ema is not None else None
         self.last = save_checkpoint(self.out, self.dp, state, self.config.keep, extras)
@@ -92,7 +94,7 @@ def resume_point(out, run, config, say, monitor):
         skip(directory, problem)
     for directory, state in reversed(complete):
         workers = state.get("workers", 1)
-        batch = same_position(state["batch"], workers, dp.num_workers)
+        batch = same_position(state["batch"], workers, data_workers(dp))
         if batch is None:
             skip(directory, f"{dp.num_workers} workers cannot continue exactly from its position (epoch "
                             f"{state['epoch'] + 1}, global batch {state['batch']} of {workers} workers)")
@@ -128,6 +130,12 @@ def resume_point(out, run, config, say, monitor):
             say(f"resuming from {directory} (epoch {state['epoch'] + 1}, batch {batch + 1})")
         return state["epoch"], batch, state["seconds"], state["history"]
     raise UserError(f"--resume {out}: no checkpoint in {out}/checkpoints loads")
+
+
+def data_workers(dp):
+    """The workers a global batch is cut over: members spread over the workers each take
+    whole batches, as in one process."""
+    return 1 if dp.spread else dp.num_workers
 
 
 def same_position(batch, workers, now_workers):

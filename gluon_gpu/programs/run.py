@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 import mxnet as mx
 
 from ..core.devices import default_workers
+from ..core.spread_members import owners
 from ..core.ema import WeightAverage
 from ..core.errors import UserError
 from ..core.heads import head_for
@@ -71,12 +72,13 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     if model is None:
         config = replace(config, model=model_for(config.model, spec.input_shape))
     store = mx.kv.create(config.kvstore) if config.kvstore and config.kvstore.startswith("dist") else None
-    shard = (store.rank, store.num_workers) if store else (0, 1)
+    spread = spread_over(store, members, config.ensemble_layout)
+    shard = (store.rank, store.num_workers) if store and not spread else (0, 1)
     seeds = [m.seed for m in sweep] or None
     net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, members,
                      config.fused_conv, config.ensemble_layout, config.hybridize,
                      min(config.batch_size, len(data.train_y)),  # the largest batch the data makes
-                     seeds, [m.label_smoothing for m in sweep] or None)
+                     seeds, [m.label_smoothing for m in sweep] or None, spread)
     if any(m.label_smoothing for m in sweep or [config]) and spec.task != "classify":
         raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
     augment = make_augment(config.augment, spec)
@@ -104,9 +106,11 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         for x, y, train, pipe_ctx in ((data.train_x, data.train_y, True, layout.train_ctx),
                                       (data.val_x, data.val_y, False, layout.eval_ctx))]
     updates_per_epoch = -(-len(pipes[0]) // pipes[0].turns // config.accumulate)  # each member's, in turns too
-    dp = DataParallel(net, ctx, config.optimizer,  # a sweep: each member its own optimizer and loss
-                      per_member(sweep, lambda m: optimizer_params(m, updates_per_epoch)) if sweep else
-                      optimizer_params(config, updates_per_epoch), kvstore=store or config.kvstore,
+    # A sweep: each member its own optimizer and loss; members spread over workers: their own optimizers
+    # (update counts by parameter, whatever the device: core/members.MemberOptimizer)
+    params = per_member(sweep or [config] * members, lambda m: optimizer_params(m, updates_per_epoch)) \
+        if sweep or spread else optimizer_params(config, updates_per_epoch)
+    dp = DataParallel(net, ctx, config.optimizer, params, kvstore=store or config.kvstore,
                       head=per_member(sweep, lambda m: head_for(spec.task, spec.outputs, m.label_smoothing))
                       if sweep else head_for(spec.task, spec.outputs, config.label_smoothing),
                       transform=spec.transform(members), hybridize=config.hybridize,
@@ -126,6 +130,18 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                describe(augment.components) if augment is not None else "",
                describe_mixing(mixing) if mixing is not None else "",
                WeightAverage(dp, config.ema, pipes[1]) if config.ema else None, sweep)
+
+
+def spread_over(store, members, layout):
+    """``(owners, rank)`` when ``members`` (an ensemble or sweep) are spread over the
+    workers of a distributed job (core/spread_members.py), else None. The fused layout
+    is one network: it trains data-parallel over the workers instead."""
+    if store is None or members < 2 or layout == "fused":
+        return None
+    if members < store.num_workers:
+        raise UserError(f"{members} members over {store.num_workers} workers: each worker trains whole members, "
+                        f"so give {store.num_workers} or more (`ensemble` or `sweep`), or launch fewer workers")
+    return owners(members, store.num_workers), store.rank
 
 
 def _workers_text(workers, used):

@@ -67,9 +67,6 @@ def check_sweep(config, members):
     if config.ensemble_layout == "fused":
         raise UserError("`sweep` with `ensemble_layout` fused: fused members share each tensor, so they cannot "
                         "have learning rates of their own; use devices, separate or sequential")
-    if config.kvstore and config.kvstore.startswith("dist"):
-        raise UserError(f"`sweep` under `kvstore` {config.kvstore}: members are not spread over workers yet; "
-                        "run the sweep in one process")
     if config.early_stop:
         raise UserError("`early_stop` with `sweep`: members stop by `prune` (median or halving)")
 
