@@ -159,7 +159,7 @@ def expected_stops(epochs, rule, warmup):
 
 
 @pytest.mark.parametrize("rule,warmup", [("median", 1), ("halving", 2)])
-def test_pruned_members_stop_where_the_rule_says_and_the_others_train_on_unaffected(tmp_path, small_data,
+def test_pruned_members_stop_where_the_rule_says_and_the_others_train_on_unaffected(tmp_path, small_data, capsys,
                                                                                      rule, warmup):
     """Four members, one at lr 1e-9: each member ends exactly where its configuration
     alone ends after the epochs it trained (the pruned ones frozen from their stop on)."""
@@ -171,6 +171,10 @@ def test_pruned_members_stop_where_the_rule_says_and_the_others_train_on_unaffec
     assert stops[3] == warmup  # the member that cannot learn goes at the first judgement
     assert metrics["epochs"][-1]["stopped"] == {str(k): e for k, e in sorted(stops.items())}
     assert {r["member"]: r["pruned_after"] for r in metrics["sweep"]} == {k: stops.get(k) for k in range(4)}
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
+    for epoch, line in enumerate(lines, 1):  # the epoch line says who stopped
+        stopped = sorted(str(k) for k, e in stops.items() if e == epoch)
+        assert (f"pruned member{'s' * (len(stopped) > 1)} {', '.join(stopped)}  " in line) == bool(stopped), line
     stack = load_model(os.path.join(out, "net.params"))
     config = RunConfig(devices="cpu*2", batch_size=128, sweep="lr=0.1,0.05,0.02,1e-9")
     for k, member in enumerate(member_configs(config)):

@@ -28,6 +28,8 @@ def format_epoch(record, epochs):
             parts.append(f"{'ensemble ' if spread else ''}val-{name} {value:.4f}")
     parts += [f"ema-val-{name} {record['ema_val_' + name]:.4f}" for name in ["loss"] + metric_names(record)
               if "ema_val_" + name in record]
+    newly = [k for k, epoch in record.get("stopped", {}).items() if epoch == record["epoch"]]  # --prune
+    parts += [f"pruned member{'s' * (len(newly) > 1)} {', '.join(newly)}"] if newly else []
     workers = f" ({record['workers']} workers)" if record.get("workers", 1) > 1 else ""
     return ("  ".join(parts) + f"  {record['seconds']:6.2f} s  "
             f"{record['samples_per_s'] * members:8.0f} samples/s{workers}")
