@@ -10,10 +10,17 @@ class MemberOptimizer(mx.optimizer.Optimizer):
     ones, and each optimizer computes exactly what it computes alone (its learning rate,
     schedule, weight decay, momentum). ``owners``: parameter index -> member."""
 
+    # Parameters per aggregated update handed to the members' optimizers: each member's
+    # run of a device's parameters becomes one multi-tensor operator (MXNet's limit is 60;
+    # 61 crashes it). Fewer operator calls per step: the Python thread that issues them
+    # shares the cores with the engine's workers.
+    AGGREGATE = 45
+
     def __init__(self, optimizers):
         super().__init__(learning_rate=optimizers[0].lr)
         self.optimizers, self.owners = list(optimizers), {}
-        self.aggregate_num = min(o.aggregate_num for o in self.optimizers)
+        aggregate = min(o.aggregate_num for o in self.optimizers)
+        self.aggregate_num = max(aggregate, self.AGGREGATE) if aggregate > 0 else 0  # 0: not by this optimizer
 
     def create_state_multi_precision(self, index, weight):
         return self.optimizers[self.owners[index]].create_state_multi_precision(index, weight)
