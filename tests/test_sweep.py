@@ -288,3 +288,26 @@ def assert_same_members(want, got):
     for ra, rb in zip(read_metrics(want)["epochs"], read_metrics(got)["epochs"], strict=True):
         for key in ("member_val_acc", "member_val_loss", "member_train_loss", "stopped"):
             assert ra[key] == rb[key], key
+
+
+def test_a_stopped_member_leaves_its_group_s_graph(small_data):
+    """Three members in one group (devices layout on one device): once member 1 stops,
+    the group's step graph is rebuilt without its parameters, its values stay, and the
+    others go on training."""
+    run = build_run(RunConfig(devices="cpu", sweep="lr=0.1,0.05,0.02", ensemble_layout="devices", batch_size=128),
+                    [mx.cpu(0)], data=small_data)
+    stack = run.dp.net
+    assert len(stack.groups) == 1
+    fit(run.dp, run.train, run.val, 1)
+    before = [param_arrays(net) for net in stack.nets]
+    stack.stop([1])
+    fit(run.dp, run.train, run.val, 2, start_epoch=1)
+    after = [param_arrays(net) for net in stack.nets]
+    for k in range(3):
+        moved = any(not np.array_equal(before[k][n], after[k][n]) for n in before[k])
+        assert moved == (k != 1), k
+    graph = next(g for key, g in run.dp._graphs.items() if key[1] and key[-1])  # training, built after the stop
+    used = set(graph._cached_graph[1].list_inputs())
+    for k, net in enumerate(stack.nets):
+        assert {p.name for p in net.collect_params().values()} & used == (set() if k == 1 else
+                                                                          {p.name for p in net.collect_params().values()})

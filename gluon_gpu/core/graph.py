@@ -1,5 +1,8 @@
 """The step graph: input transform -> network -> task head -> per-member sums, one
 hybridized graph per input shape and mode, sharing the network's parameters."""
+import contextlib
+import warnings
+
 import mxnet as mx
 from mxnet import gluon, nd
 
@@ -62,6 +65,21 @@ def _forward(graph, F, x, y, extras=()):
 class StepGraph(gluon.HybridBlock):
     def hybrid_forward(self, F, x, y, *extras):  # pylint: disable=arguments-differ
         return _forward(self, F, x, y, extras)
+
+    def _build_cache(self, *args):
+        with skipped_members_unused(getattr(self.net, "skip", None)):
+            super()._build_cache(*args)
+
+
+@contextlib.contextmanager
+def skipped_members_unused(skipping):
+    """Building the graph of a group of placed members that skips some (a sweep's pruned
+    members keep their parameters but leave the graph), without Gluon's warning that
+    their parameters are unused; ``skipping`` false: as Gluon does."""
+    with warnings.catch_warnings():
+        if skipping:
+            warnings.filterwarnings("ignore", r"Parameter .* is not used by any computation", UserWarning)
+        yield
 
 
 class EagerStepGraph(gluon.Block):

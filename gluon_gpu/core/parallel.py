@@ -188,7 +188,7 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
     def _graph(self, shape, training, group=None, mixed=False):
         """One hybridized graph per (input shape, mode, placed group, mixed), sharing the net's parameters:
         a last partial batch gets its own instead of re-planning another."""
-        key = (tuple(shape), training, group, mixed)
+        key = (tuple(shape), training, group, mixed, self.placed and self.placed.stopped)  # stopped: rebuilt
         if key not in self._graphs:
             net, members, slots = self.placed.graph_of(group) if group is not None else (self.net, self.members, None)
             head = self.heads[slots[0]] if self.heads and slots else self.head  # a group's members share one

@@ -28,6 +28,7 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 from ..core.memory import check_fits, gib
+from ..core.graph import skipped_members_unused
 from ..core.members import PlacedMembers
 from ..core.modes import legacy, model_is_np, semantics, to_api
 from .footprint import footprint, training_bytes
@@ -46,23 +47,28 @@ MAX_RANDOM_STATES = 72  # see ensemble_variables
 
 class MemberGroup(gluon.HybridBlock):
     """The members of one device as one block: input ``(B, Kg*C, ...)``, output
-    ``(B, Kg, outputs)``."""
+    ``(B, Kg, outputs)``. ``skip``: members (of this group) that no longer run, a sweep's
+    pruned ones: zeros in their place, nothing computed for them."""
 
     def __init__(self, nets, channels, **kwargs):
         super().__init__(**kwargs)
-        self.nets, self.channels = list(nets), channels
+        self.nets, self.channels, self.skip = list(nets), channels, frozenset()
         for j, net in enumerate(self.nets):
             self.register_child(net, str(j))
 
     def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
-        c = self.channels
+        c, is_np = self.channels, mx.util.is_np_array()
         if len(self.nets) == 1:  # the input is the member's own: no slice, no copy
-            return F.np.expand_dims(self.nets[0](x), axis=1) if mx.util.is_np_array() else \
-                F.expand_dims(self.nets[0](x), axis=1)
-        if mx.util.is_np_array():
-            return F.np.stack([net(x[:, j * c:(j + 1) * c]) for j, net in enumerate(self.nets)], axis=1)
-        return F.stack(*[net(F.slice_axis(x, axis=1, begin=j * c, end=(j + 1) * c))
-                         for j, net in enumerate(self.nets)], axis=1)
+            return F.np.expand_dims(self.nets[0](x), axis=1) if is_np else F.expand_dims(self.nets[0](x), axis=1)
+        outs = {j: net(x[:, j * c:(j + 1) * c] if is_np else F.slice_axis(x, axis=1, begin=j * c, end=(j + 1) * c))
+                for j, net in enumerate(self.nets) if j not in self.skip}
+        zeros = F.np.zeros_like if is_np else F.zeros_like
+        outs = [outs[j] if j in outs else zeros(next(iter(outs.values()))) for j in range(len(self.nets))]
+        return F.np.stack(outs, axis=1) if is_np else F.stack(*outs, axis=1)
+
+    def _build_cache(self, *args):
+        with skipped_members_unused(self.skip):
+            super()._build_cache(*args)
 
 
 class MemberStack(PlacedMembers):
@@ -88,6 +94,16 @@ class MemberStack(PlacedMembers):
             self.register_child(group, f"group{i}")
             if hybridize:
                 group.hybridize(static_alloc=True, static_shape=True)
+
+    def stop(self, members):
+        """Stopped members are left out of their group's graph (rebuilt at its next call):
+        the rest of a device's members no longer wait on them."""
+        super().stop(members)
+        for first, _, group in self.groups:
+            skip = frozenset(j for j in range(len(group.nets)) if first + j in self.stopped)
+            if skip != group.skip and len(skip) < len(group.nets):  # (a group of only stopped members never runs)
+                group.skip = skip
+                group._clear_cached_op()  # pylint: disable=protected-access
 
     def _collect_params_with_prefix(self, prefix=""):
         """Keys by member, not by group: ``<k>.<key>``."""
