@@ -311,3 +311,10 @@ def test_a_stopped_member_leaves_its_group_s_graph(small_data):
     for k, net in enumerate(stack.nets):
         assert {p.name for p in net.collect_params().values()} & used == (set() if k == 1 else
                                                                           {p.name for p in net.collect_params().values()})
+
+
+def test_a_sweep_with_an_epoch_shaped_schedule_keeps_its_epochs_on_resume(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert train.main(SMALL + ["--sweep", "lr-mode=constant,cosine", "--epochs", "1", "--out", out]) == 0
+    assert train.main(["--resume", out, "--epochs", "2", "--quiet"]) == 2
+    assert "--epochs cannot change on --resume with --lr-mode cosine" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from ..models.loading import adapt_keys
 from .cli import explicit_flags
 from .config import EPOCH_SHAPED_LR, RESUMABLE, RunConfig, flag_name
 from .run_callbacks import early_stopping
+from .sweep import member_configs, member_count
 
 
 def resume_config(parser, argv, run_dir):
@@ -34,8 +35,9 @@ def resume_config(parser, argv, run_dir):
         if name not in RESUMABLE and getattr(config, name) != value:
             raise UserError(f"{flag_name(name)} {value} differs from the run's {getattr(config, name)}; on "
                             "--resume only " + ", ".join(flag_name(n) for n in sorted(RESUMABLE)) + " may change")
-        if name == "epochs" and value != config.epochs and config.lr_mode in EPOCH_SHAPED_LR:
-            raise UserError(f"--epochs cannot change on --resume with --lr-mode {config.lr_mode}: "
+        shaped = next((m.lr_mode for m in member_configs(config) or [config] if m.lr_mode in EPOCH_SHAPED_LR), None)
+        if name == "epochs" and value != config.epochs and shaped:  # (a sweep: any member's schedule)
+            raise UserError(f"--epochs cannot change on --resume with --lr-mode {shaped}: "
                             "that schedule is laid out over the run's epochs")
         changes[name] = value
     return replace(config, **changes, out=run_dir), state
@@ -106,7 +108,7 @@ def resume_point(out, run, config, say, monitor):
                             f"{'in turns' if run.train.turns > 1 else 'together'}: it can go on from an epoch's end")
             continue
         try:
-            load_checkpoint(directory, dp, adapt_keys(config.model, config.ensemble))
+            load_checkpoint(directory, dp, adapt_keys(config.model, member_count(config)))
             if run.ema is not None:  # its average goes on from the checkpoint's
                 run.ema.load(os.path.join(directory, run.ema.FILE))
             if dp.rank == 0:  # rank 0 holds the job's sums; the other workers start from zero

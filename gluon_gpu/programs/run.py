@@ -107,7 +107,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                                       (data.val_x, data.val_y, False, layout.eval_ctx))]
     updates_per_epoch = -(-len(pipes[0]) // pipes[0].turns // config.accumulate)  # each member's, in turns too
     # A sweep: each member its own optimizer and loss; members spread over workers: their own optimizers
-    # (update counts by parameter, whatever the device: core/members.MemberOptimizer)
+    # (update counts by parameter, whatever the device: core/member_optimizer.py)
     params = per_member(sweep or [config] * members, lambda m: optimizer_params(m, updates_per_epoch)) \
         if sweep or spread else optimizer_params(config, updates_per_epoch)
     dp = DataParallel(net, ctx, config.optimizer, params, kvstore=store or config.kvstore,

@@ -38,6 +38,7 @@ class SweepTable:
     def __init__(self, out, members, monitor):
         self.out, self.members, self.monitor = out, members, monitor
         self.varied = varied(members)
+        self.history = []
 
     def rows(self, history):
         """One dict per member, best first: its values of the varied flags, its best
@@ -66,15 +67,15 @@ class SweepTable:
         return text_table(columns, self.rows(history), f"sweep of {len(self.members)}, best first by {flag}:")
 
     def describe(self):
-        return self._described
+        return self.table(self.history) if self.history else "sweep: no epoch finished"
 
     def on_epoch_end(self, record, history):
-        self._described = self.table(history)
+        self.history = history
 
     def on_train_end(self, history, status, reason=None):
+        self.history = history
         if not history:
             return
-        self._described = self.table(history)
         rows = self.rows(history)
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, list(rows[0]))
