@@ -111,6 +111,20 @@ def headline(report, accuracy=None):
                        "![validation accuracy against seconds](docs/accuracy.png)"])
 
 
+def stamp(machine):
+    """'date, CPU, cores, MXNet, gluon_gpu, commit': what a generated page was measured on."""
+    return (f"{datetime.date.today().isoformat()}, {machine['cpu']}, {machine['cores']} cores, "
+            f"MXNet {machine['mxnet']}, gluon_gpu {machine['gluon_gpu']}, commit {commit()}")
+
+
+def page_parser(doc):
+    """The parser of a page script: its docstring, and where the page and the README are."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--docs", default=os.path.join(REPO, "docs"), help="where the page and its plots go")
+    p.add_argument("--readme", default=os.path.join(REPO, "README.md"))
+    return p
+
+
 def write_between(path, start, end, body):
     """``body`` in the file ``path`` in place of what stands between the markers."""
     with open(path) as f:
@@ -123,13 +137,11 @@ def write_between(path, start, end, body):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = page_parser(__doc__)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--limit", type=int, default=None, help="training samples (default: all 60,000)")
     p.add_argument("--to-accuracy", default="0.89", help="the time-to-accuracy target")
     p.add_argument("--recipe", default="lenet", help="the recipe both loops train to it")
-    p.add_argument("--docs", default=os.path.join(REPO, "docs"), help="where performance.md goes")
-    p.add_argument("--readme", default=os.path.join(REPO, "README.md"))
     args = p.parse_args(argv)
     limit = ["--limit", str(args.limit)] if args.limit else []
     with tempfile.TemporaryDirectory() as out:
