@@ -86,8 +86,8 @@ class MemberTrainer(gluon.Trainer):
         if per_member:
             optimizer = MemberOptimizer([mx.optimizer.create(optimizer, **p) for p in optimizer_params])
         super().__init__(params, optimizer, None if per_member else optimizer_params, **kwargs)
-        index = {id(p): i for i, p in enumerate(self._params)}
-        self._member_params = [[index[id(p)] for p in net.collect_params().values() if p.grad_req != "null"]
+        self._index = {id(p): i for i, p in enumerate(self._params)}
+        self._member_params = [[self._index[id(p)] for p in net.collect_params().values() if p.grad_req != "null"]
                                for net in nets]
         if per_member:
             self._optimizer.owners = {i: k for k, indices in enumerate(self._member_params) for i in indices}
@@ -99,11 +99,10 @@ class MemberTrainer(gluon.Trainer):
         """Member ``member``'s parameters (all: BatchNorm's statistics too) and optimizer
         states, in a fixed order; states its optimizer has not made yet are made now
         (zeros, as it would make them)."""
-        updater, index = self._updaters[0], {id(p): i for i, p in enumerate(self._params)}
-        arrays = []
+        updater, arrays = self._updaters[0], []
         for param in self._nets[member].collect_params().values():
             arrays.append(param.list_data()[0])
-            i = index[id(param)]
+            i = self._index[id(param)]
             if i in self._member_params[member]:
                 if i not in updater.states:
                     updater.states[i] = self._optimizer.create_state_multi_precision(i, arrays[-1])

@@ -61,11 +61,12 @@ class Checkpointer:
         self.chief = dp.rank == 0  # in a distributed job only rank 0 writes
         self.last = None
 
-    def save(self, epoch, batch, history, seconds=0.0):
+    def save(self, epoch, batch, history, seconds=0.0, shared=False):
         """Write a checkpoint (rank 0 of a distributed job only; every worker calls this,
         at the same steps) and return its directory. ``batch`` counts global batches of
-        this many workers: a resume with another worker count converts it."""
-        if self.dp.spread:  # members spread over the workers: rank 0 gets them all
+        this many workers: a resume with another worker count converts it. ``shared``:
+        members spread over the workers were shared since the last step."""
+        if self.dp.spread and not shared:  # members spread over the workers: rank 0 gets them all
             self.dp.spread.share()
         metrics = self.dp.workers.sum_metric_state(self.dp.sums.state())  # synchronous workers: over all
         if not self.chief:
@@ -78,7 +79,7 @@ class Checkpointer:
 
     def on_epoch_end(self, record, history):
         if record["epoch"] % self.config.save_period == 0 or record["epoch"] == self.config.epochs:
-            self.save(record["epoch"], 0, history)
+            self.save(record["epoch"], 0, history, shared=True)  # fit shared them at the epoch's end
 
 
 def resume_point(out, run, config, say, monitor):
