@@ -22,7 +22,7 @@ setup(
     # (mxnet) and the GPU wheels (mxnet-cu117, mxnet-cu112) are different distributions
     # of the same package, and listing one would make pip install it over the other.
     install_requires=["numpy<1.24", "gluoncv==0.10.5.post0", "opencv-python<4.12",
-                      "tqdm", "matplotlib", "Pillow", "tensorboardX"],
+                      "tqdm", "matplotlib", "Pillow", "tensorboardX", "onnx==1.15.*", "onnxruntime==1.18.*"],
     extras_require={"test": ["pytest", "hypothesis"]},
     entry_points={"console_scripts": [
         "gluon-gpu-train=gluon_gpu.train:main",
@@ -31,5 +31,6 @@ setup(
         "gluon-gpu-bench=gluon_gpu.bench:main",
         "gluon-gpu-launch=gluon_gpu.launch:main",
         "gluon-gpu-pack=gluon_gpu.pack:main",
+        "gluon-gpu-export=gluon_gpu.export:main",
     ]},
 )

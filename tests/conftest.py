@@ -1,5 +1,7 @@
+import gzip
 import json
 import os
+import struct
 import sys
 
 import numpy as np
@@ -26,6 +28,31 @@ def train_slice(data_dir):
     """2048 training images as the data layer stores them, (N, 1, 28, 28) uint8, and labels."""
     x, y = load_split("train", data_dir, limit=2048)
     return x[:, None], y
+
+
+def write_idx(path, array, magic=None, count=None):
+    """An IDX file (gzipped) of ``array`` as uint8; ``magic``/``count``: a header that lies."""
+    array = np.asarray(array, dtype=np.uint8)
+    magic = magic if magic is not None else 0x800 + array.ndim
+    dims = list(array.shape)
+    if count is not None:
+        dims[0] = count
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *dims) + array.tobytes())
+
+
+@pytest.fixture(scope="session")
+def small_fashion(tmp_path_factory, data_dir):
+    """A FashionMNIST folder of the real data's first 4096 training and 2000 test samples:
+    evaluate and predict on it read 2000 validation samples, not 10000."""
+    from gluon_gpu.data.fashion_mnist import FILES
+    root = tmp_path_factory.mktemp("small-fashion")
+    for split, n in (("train", 4096), ("test", 2000)):
+        x, y = load_split(split, data_dir, limit=n)
+        images, labels = FILES[split]
+        write_idx(root / (images + ".gz"), x)
+        write_idx(root / (labels + ".gz"), y)
+    return str(root)
 
 
 def fashion_transform(members=1):

@@ -8,18 +8,8 @@ import pytest
 from gluon_gpu.data import fashion_mnist as data
 from gluon_gpu.data import pipelines
 
-from conftest import fashion_transform
+from conftest import fashion_transform, write_idx
 from gluon_gpu.core.errors import DataError
-
-
-def write_idx(path, array, magic=None, count=None):
-    array = np.asarray(array, dtype=np.uint8)
-    magic = magic if magic is not None else 0x800 + array.ndim
-    dims = list(array.shape)
-    if count is not None:
-        dims[0] = count
-    with gzip.open(path, "wb") as f:
-        f.write(struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *dims) + array.tobytes())
 
 
 def make_split(directory, split, n, seed=0):

@@ -15,7 +15,7 @@ from gluon_gpu.programs import evaluate, predict, train
 from conftest import read_metrics, trained_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROGRAMS = ("train", "evaluate", "predict", "bench", "launch", "pack")
+PROGRAMS = ("train", "evaluate", "predict", "bench", "launch", "pack", "export")
 SHORT = ["--devices", "cpu", "--epochs", "2", "--limit", "1024", "--val-limit", "500", "--quiet"]
 
 

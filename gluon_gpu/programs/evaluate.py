@@ -1,11 +1,19 @@
 """python -m gluon_gpu.evaluate: load saved parameters onto any device and report the
-validation loss and metrics of the run's task, on the run's own validation data."""
+validation loss and metrics of the run's task, on the run's own validation data.
+
+On CPU contexts the network runs as oneDNN's fused inference graph (conv+BN+ReLU as
+one primitive); ``--int8`` quantizes it, calibrated on training samples, and reports
+the change against float32."""
+import numpy as np
+from mxnet import nd
+
 from ..core.devices import describe, devices
 from ..core.heads import head_for
 from ..core.parallel import DataParallel
 from ..data import DataSpec, DevicePipeline, load_dataset
 from ..models import load_model, params_in, pipeline_layout, recorded_run
-from .cli import Parser, check_batch, main_guard, non_negative_int, parse_args
+from ..models.inference import MODES, inference_mode, inference_model
+from .cli import Parser, check_batch, main_guard, non_negative_int, parse_args, positive_int
 from .config import COMMON_FLAGS, add_flags
 
 
@@ -13,13 +21,25 @@ def build_parser():
     p = Parser(prog="gluon_gpu.evaluate", description=__doc__)
     add_flags(p, COMMON_FLAGS)
     add_saved_model_flags(p)
+    add_inference_flags(p)
     return p
 
 
-def add_saved_model_flags(p):
-    """--params and --model: which saved network to load (evaluate and predict)."""
-    p.add_argument("--params", required=True, metavar="RUN_DIR|FILE",
-                   help="a run folder (its best.params, else net.params) or a parameter file (gluon_gpu's, "
+def add_inference_flags(p):
+    """--inference, --int8 and --calibration-samples (evaluate and predict)."""
+    g = p.group("inference")
+    g.add_argument("--inference", choices=tuple(MODES), default="auto",
+                   help="the graph to run: " + "; ".join(f"{k}: {v}" for k, v in MODES.items()))
+    g.add_argument("--int8", dest="inference", action="store_const", const="int8", help="--inference int8")
+    g.add_argument("--calibration-samples", type=positive_int, default=512, metavar="N",
+                   help="--int8: training samples that set each layer's INT8 range")
+
+
+def add_saved_model_flags(p, positional=False):
+    """--params (``positional``: the first argument), --model and --member: which saved
+    network to load (evaluate, predict, export)."""
+    p.add_argument(*(("params",) if positional else ("--params",)), **({} if positional else {"required": True}),
+                   metavar="RUN_DIR|FILE", help="a run folder (its best.params, else net.params) or a parameter file (gluon_gpu's, "
                         "or saved by your own code)")
     p.add_argument("--model", default=None, help="network (default: the one the run recorded, else lenet)")
     p.add_argument("--member", type=non_negative_int, default=None, metavar="K",
@@ -33,22 +53,31 @@ def recorded_spec(params_path):
     return DataSpec.from_dict(data) if data else None
 
 
-def validation_data(spec, data_dir=None):
-    """The validation split the run recorded (``data_dir`` overrides where it lives)."""
+def validation_data(spec, data_dir=None, limit=None):
+    """The validation split the run recorded (``data_dir`` overrides where it lives), and
+    its first ``limit`` training samples (None: all)."""
     if spec is None or spec.dataset == "fashion-mnist":
-        return load_dataset("fashion-mnist", data_dir)
+        return load_dataset("fashion-mnist", data_dir, limit=limit)
     size = ",".join(map(str, spec.input_shape[1:])) if spec.dataset == "folder" else None
-    data = load_dataset(spec.dataset, data_dir or spec.source, size, spec.task)
+    data = load_dataset(spec.dataset, data_dir or spec.source, size, spec.task, limit=limit)
     spec.check_compatible(data.spec, f"the data in {data_dir or spec.source}")
     return data
 
 
-def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_conv="auto", member=None):
+def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_conv="auto", member=None,
+                    inference="graph", calibration=512):
     """``{'loss', <metric>...}`` on the validation split for the parameters in ``path``
-    loaded onto ``ctx`` (``member``: that member of an ensemble or sweep alone)."""
+    loaded onto ``ctx`` (``member``: that member of an ensemble or sweep alone), run as
+    the ``inference`` graph (models/inference.py; ``int8``: calibrated on ``calibration``
+    training samples)."""
     spec = recorded_spec(path)
-    data = validation_data(spec, data_dir)
+    data = validation_data(spec, data_dir, calibration if inference == "int8" else None)
     spec = spec or data.spec
+    if inference != "graph":
+        net = inference_model(path, spec, inference, data.val_x[:batch_size], model, member,
+                              calibration=data.train_x[:calibration], log=True)
+        return evaluate_inference(net, head_for(spec.task, spec.outputs), data.val_x, data.val_y, batch_size,
+                                  spec.dtype)
     net = load_model(path, ctx, model, input_shape=spec.input_shape, outputs=spec.outputs, fused_conv=fused_conv,
                      member=member)
     members = getattr(net, "members", 1)
@@ -56,6 +85,18 @@ def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_
     eval_ctx = pipeline_layout(net, ctx).eval_ctx  # an ensemble of placed members: its home device
     return dp.evaluate(DevicePipeline(data.val_x, data.val_y, batch_size, eval_ctx, shuffle=False,
                                       members=members).epoch(0))
+
+
+def evaluate_inference(net, head, x, y, batch_size, dtype):
+    """The figures of :func:`evaluate_params` for a Servable giving log-probabilities (or
+    predictions), batch by batch on the host."""
+    sums, count = None, 0
+    for i in range(0, len(x), batch_size):
+        out = net(nd.array(x[i:i + batch_size], dtype=dtype))
+        loss, metrics = head.per_sample(nd, out, nd.array(y[i:i + batch_size]))
+        figures = np.array([v.sum().asscalar() for v in [loss] + metrics], dtype=np.float64)
+        sums, count = figures if sums is None else sums + figures, count + len(out)
+    return {**dict(zip(("loss",) + head.names, (sums / count).tolist())), "samples": count}
 
 
 @main_guard("gluon_gpu.evaluate")
@@ -66,12 +107,20 @@ def main(argv=None):
     model = args.model or run["model"]
     with devices(args.devices) as ctx:
         check_batch(args.batch_size, ctx)
+        mode = inference_mode(args.inference, ctx)
         result = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv,
-                                 args.member)
+                                 args.member, mode, args.calibration_samples)
+        float32 = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv,
+                                  args.member, "fused") if mode == "int8" else None
     kind = "sweep" if run["sweep"] else "ensemble"
     what = f"{kind} of {run['members']} {model}" if run["members"] > 1 and not args.model else model
     what = f"member {args.member} of the {what}" if args.member is not None else what
     figures = "  ".join(f"{name} {value:.4f}" for name, value in result.items()
                         if name != "samples" and not name.startswith("member_"))
-    print(f"{args.params}: {what} validation {figures} on {describe(ctx)} ({result['samples']} samples)")
+    print(f"{args.params}: {what} validation {figures} on {describe(ctx)} ({result['samples']} samples, "
+          f"{mode} inference)")
+    if float32:
+        change = "  ".join(f"{name} {float32[name]:.4f} ({result[name] - float32[name]:+.4f})" for name in float32
+                           if name not in ("loss", "samples"))
+        print(f"int8 against float32 (fused): {change}")
     return 0

@@ -7,7 +7,9 @@ entries or rows of an .npz array.
 
 Images are read with Pillow, converted to the run's channels (grayscale or colour),
 resized to its input size and normalized exactly as in training. Classification prints
-class names and probabilities; regression the predicted values.
+class names and probabilities; regression the predicted values. On CPU contexts the
+network runs as oneDNN's fused inference graph (``--int8``: quantized, calibrated on
+the run's training samples).
 """
 import json
 import os
@@ -22,14 +24,17 @@ from ..core.modes import call
 from ..data.fashion_mnist import fashion_spec, read_idx
 from ..data.images import decode
 from ..models import load_model, params_in
+from ..models.inference import inference_mode, inference_model
 from .cli import Parser, main_guard, parse_args
 from .config import add_flags
-from .evaluate import add_saved_model_flags, recorded_spec
+from .evaluate import add_inference_flags, add_saved_model_flags, recorded_spec, validation_data
+
 
 def build_parser():
     p = Parser(prog="gluon_gpu.predict", description=__doc__)
-    add_flags(p, ("devices", "fused_conv", "omp_threads", "engine_threads"), defaults={"devices": None})
+    add_flags(p, ("devices", "fused_conv", "omp_threads", "engine_threads", "data_dir"), defaults={"devices": None})
     add_saved_model_flags(p)
+    add_inference_flags(p)
     p.add_argument("--idx", help="an IDX images file (.gz or not) to predict entries of")
     p.add_argument("--npz", help="an .npz file: predict rows of its x_val (else x) array")
     p.add_argument("--index", default="0:10", help="with --idx/--npz: START:STOP or one index")
@@ -123,9 +128,16 @@ def main(argv=None):
     spec = recorded_spec(args.params) or fashion_spec()  # a file without a run: the tutorial's LeNet
     names, inputs = _inputs(args, spec)
     with devices(args.devices or ("gpu:0" if gpu_count() else "cpu")) as ctx:
-        net = load_model(args.params, ctx, args.model, input_shape=spec.input_shape, outputs=spec.outputs,
-                         fused_conv=args.fused_conv, member=args.member)
-        outputs = predict(net, inputs, ctx, spec)
+        mode = inference_mode(args.inference, ctx)
+        if mode == "graph":
+            net = load_model(args.params, ctx, args.model, input_shape=spec.input_shape, outputs=spec.outputs,
+                             fused_conv=args.fused_conv, member=args.member)
+            outputs = predict(net, inputs, ctx, spec)
+        else:
+            calibration = (validation_data(spec, args.data_dir, args.calibration_samples).train_x[
+                :args.calibration_samples] if mode == "int8" else None)
+            net = inference_model(args.params, spec, mode, inputs, args.model, args.member, calibration)
+            outputs = net(nd.array(inputs, dtype=spec.dtype)).asnumpy()
     results = [describe_output(name, values, spec) for name, values in zip(names, outputs)]
     if args.json:
         print(json.dumps(results, indent=2))
