@@ -6,10 +6,12 @@ import os
 import mxnet as mx
 import pytest
 
-from gluon_gpu.core.devices import cpu_contexts
+from gluon_gpu.core.devices import cpu_contexts, thread_settings
+from gluon_gpu.core.environment import usable_cpus
+from gluon_gpu.core.precision import BF16_CPU_FLAGS, cpu_flags
 from gluon_gpu.programs import bench
 
-from conftest import needs_bf16
+from conftest import needs_bf16, trained_run
 
 
 def test_bench_runs_end_to_end_and_writes_json_and_png(tmp_path, capsys):
@@ -236,3 +238,51 @@ def test_the_baseline_loop_augments_as_gluoncv_and_refuses_what_it_cannot():
     assert after[0](nd.zeros((1, 28, 28))).shape == (1, 28, 28) and len(before) == 2
     with pytest.raises(UserError, match="no host transform for `augment` erase"):
         host_transforms(parse_augment("erase"), (28, 28))
+
+
+@pytest.fixture(scope="module")
+def lenet_run(tmp_path_factory, small_fashion):
+    return trained_run(tmp_path_factory, ["--data-dir", small_fashion, "--devices", "cpu", "--epochs", "1",
+                                          "--batch-size", "64", "--val-limit", "256", "--quiet"], "lenet")
+
+
+def test_inference_bench_times_every_engine_in_one_invocation(lenet_run, small_fashion, tmp_path, capsys):
+    out = str(tmp_path / "b")
+    assert bench.main(["--inference", lenet_run, "--data-dir", small_fashion, "--val-limit", "512", "--repeats", "2",
+                       "--out", out]) == 0
+    printed = capsys.readouterr().out
+    with open(os.path.join(out, "bench.json")) as f:
+        rows = json.load(f)["inference"]
+    keys = [r["key"] for r in rows]
+    assert keys == ["graph", "fused", "int8"] + ["bfloat16"] * bool(cpu_flags() & BF16_CPU_FLAGS) + ["onnxruntime"]
+    for r in rows:
+        assert r["samples"] == 512 and len(r["seconds"]) == 2 and r["name"] in printed
+        assert r["vs_graph"] == pytest.approx(r["samples_per_s"] / rows[0]["samples_per_s"])
+        assert r["omp_threads"] == (usable_cpus() if r["key"] != "graph" else thread_settings()["omp_threads"])
+    acc = {r["key"]: r["acc"] for r in rows}
+    assert acc["graph"] == acc["fused"] == acc["onnxruntime"] > 0.5 and abs(acc["int8"] - acc["graph"]) < 0.02
+    with open(os.path.join(out, "inference.png"), "rb") as f:
+        assert f.read(4) == b"\x89PNG"
+
+
+def test_inference_bench_refuses_what_it_cannot_time(lenet_run, tmp_path, capsys):
+    out = str(tmp_path / "b")
+    assert bench.main(["--inference", lenet_run, "--ensemble", "2", "--out", out]) == 2
+    assert capsys.readouterr().err.strip() == ("gluon_gpu.bench: error: --inference times a trained network's "
+                                               "inference; --ensemble times training: one at a time")
+    assert bench.main(["--inference", lenet_run, "--torch-python", "/no/such/python", "--engines", "pytorch",
+                       "--out", out]) == 2
+    assert capsys.readouterr().err.strip() == ("gluon_gpu.bench: error: --torch-python /no/such/python: "
+                                               "No such file or directory")
+
+
+@pytest.mark.skipif(not os.environ.get("GLUON_GPU_TORCH_PYTHON"),
+                    reason="GLUON_GPU_TORCH_PYTHON names no interpreter with PyTorch (gluoncv refuses PyTorch 2 "
+                           "beside it, so it cannot be this one)")
+def test_pytorch_runs_the_same_lenet_with_the_same_weights(lenet_run, small_fashion, tmp_path, capsys):
+    out = str(tmp_path / "b")
+    assert bench.main(["--inference", lenet_run, "--data-dir", small_fashion, "--val-limit", "512", "--engines",
+                       "graph,pytorch", "--torch-python", os.environ["GLUON_GPU_TORCH_PYTHON"], "--out", out]) == 0
+    with open(os.path.join(out, "rows.json")) as f:
+        rows = {r["key"]: r for r in json.load(f)}
+    assert rows["pytorch"]["acc"] == rows["graph"]["acc"] and rows["pytorch"]["samples"] == 512

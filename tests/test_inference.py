@@ -3,12 +3,15 @@ one primitive) gives the training graph's figures; --int8 loses at most a point 
 accuracy on LeNet and ResNet-20 and says how much; both refuse contexts not the CPU's."""
 import json
 import re
+import subprocess
+import sys
 
 import mxnet as mx
 import numpy as np
 import pytest
 
 from conftest import trained_run
+from gluon_gpu.core.environment import usable_cpus
 from gluon_gpu.core.errors import UserError
 from gluon_gpu.data.fashion_mnist import fashion_spec
 from gluon_gpu.models.inference import inference_mode, inference_model
@@ -44,7 +47,9 @@ def test_the_fused_graph_gives_the_training_graphs_figures_and_int8_within_a_poi
     run = request.getfixturevalue(f"{which}_run")
     graph_loss, graph_acc, printed = evaluated(run, small_fashion, capsys, "--inference", "graph")
     assert "(2000 samples, graph inference)" in printed
-    loss, acc, printed = evaluated(run, small_fashion, capsys)  # auto on a CPU context: fused
+    _, _, printed = evaluated(run, small_fashion, capsys)  # auto: LeNet's fused conv operator beats oneDNN
+    assert ("graph inference" if which == "lenet" else "fused inference") in printed
+    loss, acc, printed = evaluated(run, small_fashion, capsys, "--inference", "fused")
     assert "fused inference" in printed and acc == graph_acc and loss == pytest.approx(graph_loss, abs=2e-4)
     assert graph_acc > (0.6 if which == "lenet" else 0.7)  # trained, not at chance (0.1)
     _, int8_acc, printed = evaluated(run, small_fashion, capsys, "--int8")
@@ -76,9 +81,17 @@ def test_predict_on_each_graph_names_the_same_classes(lenet_run, small_fashion, 
     assert np.mean(int8.argmax(1) == graph.argmax(1)) >= 0.9 and np.abs(int8 - graph).max() < 0.2
 
 
+def test_a_command_line_gives_onednn_graphs_every_core(resnet_run, small_fashion):
+    done = subprocess.run([sys.executable, "-m", "gluon_gpu.evaluate", "--params", resnet_run, "--data-dir",
+                           small_fashion, "--devices", "cpu*2"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"on cpu(0), {usable_cpus()} OpenMP threads (2000 samples, fused inference)" in done.stdout
+
+
 def test_onednn_graphs_are_for_cpu_contexts():
-    assert inference_mode("auto", [mx.cpu(0), mx.cpu(1)]) == "fused"
-    assert inference_mode("auto", [mx.gpu(0)]) == "graph"
+    assert inference_mode("auto", [mx.cpu(0), mx.cpu(1)], "cifar_resnet20_v1") == "fused"
+    assert inference_mode("auto", [mx.cpu(0)], "lenet", "off") == "fused"
+    assert inference_mode("auto", [mx.gpu(0)], "cifar_resnet20_v1") == "graph"
     for mode in ("fused", "int8"):
         with pytest.raises(UserError, match=f"`inference` {mode} is oneDNN's, for CPU contexts"):
             inference_mode(mode, [mx.gpu(0)])

@@ -18,7 +18,7 @@ from .environment import cpu_flags  # a module name here: tests play another CPU
 from .errors import UserError
 
 DTYPES = ("float32", "float16", "bfloat16")
-_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+BF16_CPU_FLAGS = frozenset(("avx512_bf16", "amx_bf16"))
 _amp_state = {"target": None}  # the process's AMP precision, once amp.init ran
 
 
@@ -79,7 +79,7 @@ def check_precision(precision, ctx):
     if precision.dtype == "bfloat16":
         if not on_cpu:
             raise UserError("`dtype` bfloat16 runs on CPUs (oneDNN's bfloat16 kernels); on GPUs use `amp`")
-        if not cpu_flags() & set(_BF16_CPU_FLAGS):
+        if not cpu_flags() & BF16_CPU_FLAGS:
             raise UserError("`dtype` bfloat16 needs a CPU with AVX-512 BF16 or AMX instructions "
                             "(/proc/cpuinfo lists neither avx512_bf16 nor amx_bf16); train in float32")
 

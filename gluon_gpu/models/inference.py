@@ -13,28 +13,47 @@ import warnings
 
 import mxnet as mx
 from mxnet import gluon
+from mxnet.contrib import amp, quantization
 
+from ..core.environment import usable_cpus
 from ..core.errors import UserError
+from ..core.precision import BF16_CPU_FLAGS, cpu_flags
+from .init import fused_for
 from .servable import servable_model
 
 # --inference: the graph evaluate and predict run (the help text of each)
-MODES = {"auto": "fused on CPU contexts, graph on others",
+MODES = {"auto": "fused on CPU contexts (graph for LeNet, whose fused conv operator is faster there), graph on others",
          "graph": "the training graph, over every device",
          "fused": "oneDNN's fused operators (conv+BN+ReLU), CPU",
-         "int8": "oneDNN INT8, calibrated on training samples, CPU"}
+         "int8": "oneDNN INT8, calibrated on training samples, CPU",
+         "bfloat16": "the fused graph in bfloat16 (contrib.amp), CPUs with AVX-512 BF16"}
+ONEDNN = ("fused", "int8", "bfloat16")
 
 
-def inference_mode(mode, ctx):
-    """The graph ``mode`` (:data:`MODES`) gives on contexts ``ctx``: ``auto`` decided; the
-    oneDNN modes refused on other contexts than the CPU's."""
+def inference_mode(mode, ctx, model="lenet", fused_conv="auto"):
+    """The graph ``mode`` (:data:`MODES`) gives for network ``model`` on contexts ``ctx``:
+    ``auto`` is oneDNN's fused graph on CPU contexts, except for a network that has
+    gluon_gpu's fused conv operator there (LeNet: its training graph ran 5x faster than
+    oneDNN's fused graph, bench --inference); the oneDNN modes refused elsewhere."""
     on_cpu = all(c.device_type == "cpu" for c in ctx)
     if mode == "auto":
-        return "fused" if on_cpu else "graph"
+        return "fused" if on_cpu and not fused_for(model, ctx, fused_conv) else "graph"
     if mode not in MODES:
         raise UserError(f"unknown `inference` {mode!r}: choose one of {', '.join(MODES)}")
-    if mode in ("fused", "int8") and not on_cpu:
+    if mode in ONEDNN and not on_cpu:
         raise UserError(f"`inference` {mode} is oneDNN's, for CPU contexts: use `devices` cpu, or `inference` graph")
+    if mode == "bfloat16" and not cpu_flags() & BF16_CPU_FLAGS:
+        raise UserError("`inference` bfloat16 needs a CPU with AVX-512 BF16 or AMX instructions (/proc/cpuinfo "
+                        "lists neither avx512_bf16 nor amx_bf16)")
     return mode
+
+
+def inference_threads(mode, omp_threads):
+    """OpenMP threads per operator for graph ``mode`` (``omp_threads`` 0: not chosen):
+    oneDNN's graphs run on one CPU context, every core working on each operator, as
+    inference servers run them; the training graph keeps the process's (one context per
+    core's worth of threads: devices.cpu_contexts)."""
+    return omp_threads or (usable_cpus() if mode in ONEDNN else 0)
 
 
 def inference_model(path, spec, mode, example, model=None, member=None, calibration=None, log=False):
@@ -44,7 +63,12 @@ def inference_model(path, spec, mode, example, model=None, member=None, calibrat
     samples, as the graph will be called."""
     net = servable_model(path, spec, model, member, log)
     batch = mx.nd.array(example, dtype=spec.dtype)
-    if mode == "fused":
+    if mode == "bfloat16":
+        net(batch).wait_to_read()  # the converter reads the traced graph
+        with warnings.catch_warnings():  # the converted SymbolBlock's unknown input type
+            warnings.simplefilter("ignore", UserWarning)
+            net = amp.convert_hybrid_block(net, target_dtype="bfloat16", ctx=mx.cpu())
+    if mode in ("fused", "bfloat16"):
         net.optimize_for(batch, backend="MKLDNN")
     elif mode == "int8":
         if calibration is None or len(calibration) == 0:
@@ -55,7 +79,7 @@ def inference_model(path, spec, mode, example, model=None, member=None, calibrat
         quiet = logging.getLogger("gluon_gpu.int8")
         quiet.setLevel(logging.WARNING)
         with _native_log_silenced():
-            net = mx.contrib.quantization.quantize_net_v2(net, quantized_dtype="auto", calib_mode="naive",
+            net = quantization.quantize_net_v2(net, quantized_dtype="auto", calib_mode="naive",
                                                           calib_data=loader, num_calib_examples=len(calibration),
                                                           ctx=mx.cpu(), logger=quiet)
             net(batch).wait_to_read()

@@ -35,7 +35,7 @@ from ..core.precision import check_precision, precision_for
 from ..data import load_dataset
 from ..models import get_model
 from ..models.zoo import model_for
-from . import bench_accuracy, bench_ensembles, bench_sweep, bench_variants
+from . import bench_accuracy, bench_ensembles, bench_inference, bench_sweep, bench_variants
 from .bench_timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours, time_tutorial
 from .cli import Parser, main_guard, positive_int, progress_enabled, unit_fraction
 from .config import COMMON_FLAGS, add_flags
@@ -64,6 +64,13 @@ def build_parser():
                         "the baseline loop with the same --recipe, on the first --devices spec")
     p.add_argument("--recipe", default=None, metavar="NAME", help="--to-accuracy: the recipe both loops train "
                    "(gluon-gpu-train --recipe list), at most its epochs")
+    p.add_argument("--inference", default=None, metavar="RUN",
+                   help="inference mode: the trained network of RUN on every engine (training graph, oneDNN fused, "
+                        "INT8, bfloat16, onnxruntime; PyTorch with --torch-python), on --val-limit validation samples")
+    p.add_argument("--engines", default=None, metavar="LIST",
+                   help="--inference: time only these engines, in this process (the benchmark runs each group so)")
+    p.add_argument("--torch-python", default=None, metavar="PY",
+                   help="--inference: an interpreter with PyTorch, for the PyTorch eager row (LeNet runs)")
     p.add_argument("--out", default="bench-out", help="directory for bench.json and scaling.png")
     return p
 
@@ -209,7 +216,7 @@ def run_workers(args):
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.devices = args.devices or default_specs()
+    args.devices = args.devices or (["all"] if args.inference else default_specs())  # all: evaluate's default
     for spec in args.devices:  # every spec and precision checked before any work
         for dtype in args.dtype:
             check_precision(precision_for(dtype, args.amp), parse_devices(spec))
@@ -225,6 +232,9 @@ def main(argv=None):
             return bench_variants.report_variants(parser, args, bar, machine_info())
     require_thread_settings(args.omp_threads[0], args.engine_threads[0], restart=argv is None,
                             extra=bench_variants.start_variables(args) if argv is None else None)
+    if args.inference:
+        bench_inference.check_inference_flags(args)
+        return bench_inference.run_inference(args)
     if args.ensemble:
         return bench_ensembles.run_ensembles(args, parser)
     if args.sweep:

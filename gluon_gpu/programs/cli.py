@@ -121,11 +121,15 @@ def _number(kind, text):
         raise argparse.ArgumentTypeError(f"not a {'whole ' if kind is int else ''}number: {text!r}") from None
 
 
-def parse_args(p, argv=None):
+def parse_args(p, argv=None, adjust=None):
     """Parse ``argv`` (None: the command line) and bring the thread flags into effect;
     MXNet reads them only at start, so the program re-executes itself if they differ
-    from its environment (see ``devices.require_thread_settings``)."""
+    from its environment (see ``devices.require_thread_settings``). ``adjust(args)``:
+    the program's own defaults for them, set before: for a command line only (a caller
+    in Python keeps the threads its process has)."""
     args = p.parse_args(argv)
+    if adjust and argv is None:
+        adjust(args)
     from ..core.devices import require_thread_settings
     require_thread_settings(args.omp_threads, args.engine_threads, restart=argv is None)
     return args

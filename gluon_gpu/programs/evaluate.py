@@ -7,12 +7,14 @@ the change against float32."""
 import numpy as np
 from mxnet import nd
 
-from ..core.devices import describe, devices
+import mxnet as mx
+
+from ..core.devices import describe, devices, parse_devices
 from ..core.heads import head_for
 from ..core.parallel import DataParallel
 from ..data import DataSpec, DevicePipeline, load_dataset
 from ..models import load_model, params_in, pipeline_layout, recorded_run
-from ..models.inference import MODES, inference_mode, inference_model
+from ..models.inference import MODES, inference_mode, inference_model, inference_threads
 from .cli import Parser, check_batch, main_guard, non_negative_int, parse_args, positive_int
 from .config import COMMON_FLAGS, add_flags
 
@@ -23,6 +25,18 @@ def build_parser():
     add_saved_model_flags(p)
     add_inference_flags(p)
     return p
+
+
+def one_dnn_threads(args, spec=None):
+    """``parse_args``'s ``adjust`` for evaluate and predict: every core's OpenMP threads
+    for a oneDNN graph (models/inference.inference_threads)."""
+    args.omp_threads = inference_threads(graph_mode(args, parse_devices(spec or args.devices)), args.omp_threads)
+
+
+def graph_mode(args, ctx):
+    """The inference graph evaluate or predict runs for ``args`` on ``ctx``."""
+    model = args.model or recorded_run(params_in(args.params, args.member))["model"]
+    return inference_mode(args.inference, ctx, model, args.fused_conv)
 
 
 def add_inference_flags(p):
@@ -90,24 +104,24 @@ def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_
 def evaluate_inference(net, head, x, y, batch_size, dtype):
     """The figures of :func:`evaluate_params` for a Servable giving log-probabilities (or
     predictions), batch by batch on the host."""
-    sums, count = None, 0
-    for i in range(0, len(x), batch_size):
+    sums = None
+    for i in range(0, len(x), batch_size):  # summed where computed: one wait, at the end
         out = net(nd.array(x[i:i + batch_size], dtype=dtype))
         loss, metrics = head.per_sample(nd, out, nd.array(y[i:i + batch_size]))
-        figures = np.array([v.sum().asscalar() for v in [loss] + metrics], dtype=np.float64)
-        sums, count = figures if sums is None else sums + figures, count + len(out)
-    return {**dict(zip(("loss",) + head.names, (sums / count).tolist())), "samples": count}
+        figures = nd.stack(*[v.sum().astype("float64") for v in [loss] + metrics])
+        sums = figures if sums is None else sums + figures
+    return {**dict(zip(("loss",) + head.names, (sums.asnumpy().reshape(-1) / len(x)).tolist())), "samples": len(x)}
 
 
 @main_guard("gluon_gpu.evaluate")
 def main(argv=None):
-    args = parse_args(build_parser(), argv)
+    args = parse_args(build_parser(), argv, adjust=one_dnn_threads)
     args.params = params_in(args.params, args.member)
     run = recorded_run(args.params)
     model = args.model or run["model"]
     with devices(args.devices) as ctx:
         check_batch(args.batch_size, ctx)
-        mode = inference_mode(args.inference, ctx)
+        mode = graph_mode(args, ctx)
         result = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv,
                                  args.member, mode, args.calibration_samples)
         float32 = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv,
@@ -117,8 +131,8 @@ def main(argv=None):
     what = f"member {args.member} of the {what}" if args.member is not None else what
     figures = "  ".join(f"{name} {value:.4f}" for name, value in result.items()
                         if name != "samples" and not name.startswith("member_"))
-    print(f"{args.params}: {what} validation {figures} on {describe(ctx)} ({result['samples']} samples, "
-          f"{mode} inference)")
+    where = describe(ctx) if mode == "graph" else f"{describe([mx.cpu()])}, {args.omp_threads} OpenMP threads"
+    print(f"{args.params}: {what} validation {figures} on {where} ({result['samples']} samples, {mode} inference)")
     if float32:
         change = "  ".join(f"{name} {float32[name]:.4f} ({result[name] - float32[name]:+.4f})" for name in float32
                            if name not in ("loss", "samples"))

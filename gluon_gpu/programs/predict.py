@@ -24,10 +24,11 @@ from ..core.modes import call
 from ..data.fashion_mnist import fashion_spec, read_idx
 from ..data.images import decode
 from ..models import load_model, params_in
-from ..models.inference import inference_mode, inference_model
+from ..models.inference import inference_model
 from .cli import Parser, main_guard, parse_args
 from .config import add_flags
-from .evaluate import add_inference_flags, add_saved_model_flags, recorded_spec, validation_data
+from .evaluate import (add_inference_flags, add_saved_model_flags, graph_mode, one_dnn_threads, recorded_spec,
+                       validation_data)
 
 
 def build_parser():
@@ -112,6 +113,10 @@ def _fit(x, spec, source):
     return x
 
 
+def default_devices():
+    return "gpu:0" if gpu_count() else "cpu"
+
+
 def describe_output(name, values, spec):
     if spec.task == "classify":
         names = spec.classes or [str(i) for i in range(len(values))]
@@ -123,12 +128,12 @@ def describe_output(name, values, spec):
 
 @main_guard("gluon_gpu.predict")
 def main(argv=None):
-    args = parse_args(build_parser(), argv)
+    args = parse_args(build_parser(), argv, adjust=lambda a: one_dnn_threads(a, a.devices or default_devices()))
     args.params = params_in(args.params, args.member)
     spec = recorded_spec(args.params) or fashion_spec()  # a file without a run: the tutorial's LeNet
     names, inputs = _inputs(args, spec)
-    with devices(args.devices or ("gpu:0" if gpu_count() else "cpu")) as ctx:
-        mode = inference_mode(args.inference, ctx)
+    with devices(args.devices or default_devices()) as ctx:
+        mode = graph_mode(args, ctx)
         if mode == "graph":
             net = load_model(args.params, ctx, args.model, input_shape=spec.input_shape, outputs=spec.outputs,
                              fused_conv=args.fused_conv, member=args.member)
