@@ -14,8 +14,9 @@ setup(
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["gluon_gpu", "gluon_gpu.*"]),
-    # the fused conv operator's C++ source, compiled on first use (gluon_gpu/fused_conv.py)
-    package_data={"gluon_gpu.models": ["kernels/*.cc"]},
+    # the fused conv operator's C++ source, compiled on first use (gluon_gpu/fused_conv.py);
+    # what scripts/bfloat16_page.py measured, which a bfloat16 run's plan line cites
+    package_data={"gluon_gpu.models": ["kernels/*.cc"], "gluon_gpu.core": ["bfloat16_measured.json"]},
     # numpy 1.23.5 (required by mxnet 1.9.1, see requirements.txt) has no wheels past 3.11.
     python_requires=">=3.8,<3.12",
     # Ranges here, exact pins in requirements.txt. mxnet is not listed: the CPU wheel

@@ -13,6 +13,7 @@ from mxnet import gluon, npx
 
 from gluon_gpu import DataParallel
 from gluon_gpu.core import precision
+from gluon_gpu.core.precision import BFLOAT16_MEASURED, bfloat16_warning
 from gluon_gpu.core.errors import UserError
 from gluon_gpu.programs import bench, train
 
@@ -36,7 +37,8 @@ def saved(path):
 def test_bfloat16_lenet_learns_like_float32_and_resumes_exactly(tmp_path):
     common = ["--devices", "cpu*2", "--limit", "4096", "--batch-size", "64", "--epochs", "2"]
     plan = train_run(tmp_path / "bf16", *common, "--dtype", "bfloat16")
-    assert "in bfloat16 (contrib.amp)" in plan
+    assert "in bfloat16 (contrib.amp) (warning: slower than float32: ResNet-20 trained at" in plan
+    assert bfloat16_warning() in plan  # the figure docs/bfloat16.md measured
     train_run(tmp_path / "fp32", *common)
     bf16, fp32 = read_metrics(tmp_path / "bf16"), read_metrics(tmp_path / "fp32")
     acc = [m["epochs"][-1]["val_acc"] for m in (bf16, fp32)]
@@ -49,6 +51,19 @@ def test_bfloat16_lenet_learns_like_float32_and_resumes_exactly(tmp_path):
     resumed = saved(tmp_path / "half" / "net.params")
     for k, v in first.items():
         np.testing.assert_array_equal(resumed[k], v, err_msg=k)
+
+
+def test_the_bfloat16_warning_cites_the_measured_ratio(tmp_path):
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps({"model": "ResNet-20", "ratio": 0.89, "cpu": "some CPU", "date": "2026-12-05",
+                                    "page": "docs/bfloat16.md"}))
+    assert bfloat16_warning(str(measured)) == ("warning: slower than float32: ResNet-20 trained at 0.89x float32's "
+                                               "samples/s (measured 2026-12-05 on some CPU, docs/bfloat16.md)")
+    measured.write_text(json.dumps({"model": "ResNet-20", "ratio": 1.4, "cpu": "x", "date": "d", "page": "p"}))
+    assert bfloat16_warning(str(measured)) == ""  # faster: nothing to warn of
+    assert bfloat16_warning(str(tmp_path / "none.json")) == ""
+    with open(BFLOAT16_MEASURED) as f:  # the committed measurement is the page's
+        assert json.load(f)["page"] == "docs/bfloat16.md"
 
 
 @needs_bf16

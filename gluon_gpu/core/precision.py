@@ -12,12 +12,16 @@ only: a numpy-API network (``npx.set_np()``) would train in float32 under a bflo
 flag, so it is refused too.
 """
 import contextlib
+import json
+import os
 from dataclasses import dataclass
 
 from .environment import cpu_flags  # a module name here: tests play another CPU by replacing it
 from .errors import UserError
 
 DTYPES = ("float32", "float16", "bfloat16")
+# What scripts/bfloat16_page.py measured: bfloat16 training against float32 (docs/bfloat16.md)
+BFLOAT16_MEASURED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bfloat16_measured.json")
 BF16_CPU_FLAGS = frozenset(("avx512_bf16", "amx_bf16"))
 _amp_state = {"target": None}  # the process's AMP precision, once amp.init ran
 
@@ -53,6 +57,22 @@ class Precision:
         how = "contrib.amp" + (", dynamic loss scaling" if self.loss_scaling else "") if self.amp else \
             "network cast, float32 master weights"
         return f"{self.dtype} ({how})"
+
+
+def bfloat16_warning(path=BFLOAT16_MEASURED):
+    """The plan line's warning for bfloat16 training where it was measured slower than
+    float32 (MXNet 1.9.1's bfloat16 convolutions run slower than its float32 ones on the
+    CPU that docs/bfloat16.md profiles), with the ratio; '' where it was not."""
+    try:
+        with open(path) as f:
+            measured = json.load(f)
+        ratio = float(measured["ratio"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    if ratio >= 1:
+        return ""
+    return (f"warning: slower than float32: {measured['model']} trained at {ratio:.2f}x float32's samples/s "
+            f"(measured {measured['date']} on {measured['cpu']}, {measured['page']})")
 
 
 def precision_for(dtype="float32", amp=False, loss_scaling=None):

@@ -3,6 +3,7 @@ exchanged, who gets each batch, the data and the run folder."""
 from ..core.version import __version__
 from ..core.devices import describe, thread_settings
 from ..core.kvstores import default_kvstore
+from ..core.precision import bfloat16_warning
 from ..models.fused_conv import is_fused
 from ..models.init import ensemble_layout
 from .recipes import spelled
@@ -44,6 +45,8 @@ def plan_line(config, run, ctx, out, dry_run=False):
         what += f", prune {config.prune} from epoch {config.prune_warmup}"
     what += " (fused conv+relu+pool)" if is_fused(dp.net) else ""
     what += f" in {dp.precision.describe()}" if dp.precision.dtype != "float32" else ""
+    warning = bfloat16_warning() if dp.precision.dtype == "bfloat16" else ""
+    what += f" ({warning})" if warning else ""
     workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
     spec = run.data.spec
     task = (f"{len(spec.classes)} classes" if spec.task == "classify" else f"regression of {spec.outputs}")
