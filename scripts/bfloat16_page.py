@@ -73,7 +73,8 @@ def page(command, report, stdout, profiles, convs):
     casts = sum(ms for name, (_, ms) in bf16.items() if "amp_" in name or name in ("Cast", "_backward_Cast"))
     conv = {d: sum(p.get(n, (0, 0.0))[1] for n in ("Convolution", "_backward_Convolution"))
             for d, p in profiles.items()}
-    kernel_lines = [f"- {dtype}: " + ", ".join(f"`{impl}` {what} ({count})" for (impl, what), count in sorted(c.items()))
+    kernel_lines = [f"- {dtype}: " + ", ".join(f"`{impl}` {what} ({count})"
+                                               for (impl, what), count in sorted(c.items()))
                     for dtype, c in convs.items()]
     ratio = report["ratio"]
     return "\n".join([

@@ -74,7 +74,8 @@ def test_lenet_exports_take_raw_pixels_and_give_the_trained_probabilities(lenet_
         assert np.mean(got.argmax(1) == y) > 0.6  # a trained LeNet, not chance (0.1)
     model = onnx.load(os.path.join(out, "model.onnx"))
     props = {p.key: p.value for p in model.metadata_props}
-    assert [i.name for i in model.graph.input] == ["images"] and [o.name for o in model.graph.output] == ["probabilities"]
+    assert [i.name for i in model.graph.input] == ["images"]
+    assert [o.name for o in model.graph.output] == ["probabilities"]
     assert json.loads(props["classes"]) == fashion_spec().classes and model.opset_import[0].version == 13
     with open(os.path.join(out, "signature.json")) as f:
         signature = json.load(f)
@@ -167,8 +168,8 @@ def test_bad_input_is_one_line(lenet_run, tmp_path, capsys, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert table_exit("an export to a folder", export.main([lenet_run, "--out", str(blocker / "sub")]))
-    assert capsys.readouterr().err.strip() == f"gluon_gpu.export: error: cannot write the export to --out {blocker}/sub: " \
-                                              "Not a directory"
+    assert capsys.readouterr().err.strip() == (f"gluon_gpu.export: error: cannot write the export to --out "
+                                               f"{blocker}/sub: Not a directory")
 
     monkeypatch.setitem(zoo.MODELS, "groupnorm", zoo.ModelKind(lambda outputs, channels, fused: GroupNormNet(outputs),
                                                                 True, "a user's network"))

@@ -58,12 +58,11 @@ def test_the_fused_graph_gives_the_training_graphs_figures_and_int8_within_a_poi
 
 
 def test_the_fused_graph_holds_onednn_fused_operators(resnet_run):
-    spec = fashion_spec()
-    x = np.zeros((4, 1, 28, 28), dtype="uint8")
-    fused = inference_model(resnet_run + "/best.params", spec, "fused", x)
-    ops = [node["op"] for node in json.loads(fused._cached_graph[1].tojson())["nodes"]]  # pylint: disable=protected-access
-    plain = inference_model(resnet_run + "/best.params", spec, "graph", x)
-    plain_ops = [node["op"] for node in json.loads(plain._cached_graph[1].tojson())["nodes"]]  # pylint: disable=protected-access
+    def graph_of(mode):  # the symbol the block runs
+        net = inference_model(resnet_run + "/best.params", fashion_spec(), mode, np.zeros((4, 1, 28, 28), "uint8"))
+        return net._cached_graph[1]  # pylint: disable=protected-access
+    ops, plain_ops = ([node["op"] for node in json.loads(graph_of(mode).tojson())["nodes"]]
+                      for mode in ("fused", "graph"))
     assert ops.count("_sg_mkldnn_conv") >= 19 and "BatchNorm" not in ops  # every conv, its BN folded in
     assert plain_ops.count("Convolution") >= 19 and "BatchNorm" in plain_ops
 

@@ -1,8 +1,9 @@
 """Inference graphs that use what a CPU has: MXNet's oneDNN backend fuses convolution,
-BatchNorm and ReLU into one primitive (``optimize_for``), and its quantization tools
-run the network in INT8, calibrated on training samples (``contrib.quantization``).
+BatchNorm and ReLU into one primitive (``optimize_for``), its quantization tools run the
+network in INT8, calibrated on training samples (``contrib.quantization``), and
+``contrib.amp`` converts it to bfloat16.
 
-Both are oneDNN's, CPU-only: on other contexts ``auto`` keeps the training graph.
+All three are oneDNN's, CPU-only: on other contexts ``auto`` keeps the training graph.
 Measured on this package's networks: docs/serving.md.
 """
 import contextlib
@@ -22,7 +23,8 @@ from .init import fused_for
 from .servable import servable_model
 
 # --inference: the graph evaluate and predict run (the help text of each)
-MODES = {"auto": "fused on CPU contexts (graph for LeNet, whose fused conv operator is faster there), graph on others",
+MODES = {"auto": "fused on CPU contexts (graph for LeNet, whose fused conv operator is faster there), "
+                 "graph on others",
          "graph": "the training graph, over every device",
          "fused": "oneDNN's fused operators (conv+BN+ReLU), CPU",
          "int8": "oneDNN INT8, calibrated on training samples, CPU",
@@ -79,9 +81,8 @@ def inference_model(path, spec, mode, example, model=None, member=None, calibrat
         quiet = logging.getLogger("gluon_gpu.int8")
         quiet.setLevel(logging.WARNING)
         with _native_log_silenced():
-            net = quantization.quantize_net_v2(net, quantized_dtype="auto", calib_mode="naive",
-                                                          calib_data=loader, num_calib_examples=len(calibration),
-                                                          ctx=mx.cpu(), logger=quiet)
+            net = quantization.quantize_net_v2(net, quantized_dtype="auto", calib_mode="naive", calib_data=loader,
+                                               num_calib_examples=len(calibration), ctx=mx.cpu(), logger=quiet)
             net(batch).wait_to_read()
     elif mode != "graph":
         raise UserError(f"`inference` {mode}: not an inference graph of a saved model")

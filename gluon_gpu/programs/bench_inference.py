@@ -87,17 +87,17 @@ def time_engines(args, engines):
     head, ctx, bs = head_for(spec.task, spec.outputs), parse_devices(args.devices[0]), args.batch_size
     rows = []
     if "graph" in engines:
-        rows.append(_timed("graph", f"training graph on {args.devices[0]} (evaluate before 0.9)", args.repeats,
+        rows.append(_timed("graph", f"training graph on {args.devices[0]} (--inference graph)", args.repeats,
                            _graph_loop(path, spec, ctx, x, y, bs, head)))
-    for mode, what in (("fused", "oneDNN fused graph (evaluate now)"), ("int8", "oneDNN INT8"),
-                       ("bfloat16", "oneDNN bfloat16")):
+    for mode, what in (("fused", "oneDNN fused graph (--inference fused)"), ("int8", "oneDNN INT8 (--int8)"),
+                       ("bfloat16", "oneDNN bfloat16 (--inference bfloat16)")):
         if mode in engines and (mode != "bfloat16" or cpu_flags() & BF16_CPU_FLAGS):
             net = inference_model(path, spec, mode, x[:bs], calibration=data.train_x[:CALIBRATION], log=True)
             rows.append(_timed(mode, what, args.repeats, lambda net=net: evaluate_inference(net, head, x, y, bs,
                                                                                              spec.dtype)))
     with tempfile.TemporaryDirectory() as scratch:
         if "onnxruntime" in engines:
-            export(path, os.path.join(scratch, "served"), spec, chosen=("onnx",), x=x[:256])
+            export(path, os.path.join(scratch, "served"), spec, x[:256], chosen=("onnx",))
             rows.append(_timed("onnxruntime", "onnxruntime on the exported ONNX file", args.repeats,
                                _onnx_loop(os.path.join(scratch, "served", "model.onnx"), spec, x, y, bs)))
         if "pytorch" in engines and args.torch_python:

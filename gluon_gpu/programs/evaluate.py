@@ -52,8 +52,9 @@ def add_inference_flags(p):
 def add_saved_model_flags(p, positional=False):
     """--params (``positional``: the first argument), --model and --member: which saved
     network to load (evaluate, predict, export)."""
-    p.add_argument(*(("params",) if positional else ("--params",)), **({} if positional else {"required": True}),
-                   metavar="RUN_DIR|FILE", help="a run folder (its best.params, else net.params) or a parameter file (gluon_gpu's, "
+    where = {} if positional else {"required": True}
+    p.add_argument("params" if positional else "--params", metavar="RUN_DIR|FILE", **where,
+                   help="a run folder (its best.params, else net.params) or a parameter file (gluon_gpu's, "
                         "or saved by your own code)")
     p.add_argument("--model", default=None, help="network (default: the one the run recorded, else lenet)")
     p.add_argument("--member", type=non_negative_int, default=None, metavar="K",

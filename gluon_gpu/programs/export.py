@@ -69,8 +69,8 @@ def held_out(spec, data_dir, count):
         return x.astype(spec.dtype), f"{count} random samples ({str(e).split(': ')[-1]})"
 
 
-def export(path, out, spec, model=None, member=None, chosen=FORMATS, x=None):
-    """Export the parameters in ``path`` to folder ``out``; check on samples ``x``.
+def export(path, out, spec, x, model=None, member=None, chosen=FORMATS):
+    """Export the parameters in ``path`` to folder ``out``; check on stored samples ``x``.
     Returns the signature (also written as ``out/signature.json``)."""
     servable = servable_model(path, spec, model, member)
     trained = load_model(path, mx.cpu(), model, input_shape=spec.input_shape, outputs=spec.outputs, member=member)
@@ -86,7 +86,8 @@ def export(path, out, spec, model=None, member=None, chosen=FORMATS, x=None):
             onnx_file = write_onnx(symbol, params, prefix + ".onnx", spec, metadata_for(spec, path))
             checks["onnxruntime"] = check_outputs("the ONNX export", onnx_outputs(onnx_file, spec, x), expected)
         if "mxnet" not in chosen:
-            os.remove(symbol), os.remove(params)
+            for name in (symbol, params):
+                os.remove(name)
         signature = _signature(path, spec, member, x, checks, sorted(os.listdir(staging)))
         write_json(os.path.join(staging, "signature.json"), signature)
         if spec.classes:
@@ -134,7 +135,7 @@ def main(argv=None):
     check_writable(args.out)
     x, source = held_out(spec, args.data_dir, args.check_samples)
     try:
-        signature = export(path, args.out, spec, args.model, args.member, args.formats, x)
+        signature = export(path, args.out, spec, x, args.model, args.member, args.formats)
     except CheckFailed as e:
         print(f"gluon_gpu.export: error: {e}; nothing written", file=sys.stderr)
         return 1
