@@ -71,7 +71,7 @@ def main(argv=None):
     p.add_argument("--torch-python", default=None)
     args = p.parse_args(argv)
     limit = ["--limit", str(args.limit)] if args.limit else []
-    sections, measured = [], []
+    sections, measured, plots = [], [], []  # plots copied at the end: the commit stamps see a clean tree
     with tempfile.TemporaryDirectory() as out:
         for name, flags in (("LeNet", ["--devices", "cpu*2"] + limit),
                             ("ResNet-20", ["--model", "cifar_resnet20_v1", "--devices", "cpu*2", "--epochs",
@@ -81,8 +81,7 @@ def main(argv=None):
             torch = ["--torch-python", args.torch_python] if args.torch_python and name == "LeNet" else []
             bench, report, _ = run_bench(["--inference", run, "--repeats", "3"] + torch, os.path.join(out, name + "-b"))
             bench = bench.replace(run, "RUN").replace(args.torch_python or "PY", "PY")
-            shutil.copyfile(os.path.join(out, name + "-b", "inference.png"),
-                            os.path.join(args.docs, f"inference-{name.lower()}.png"))
+            plots.append((os.path.join(out, name + "-b", "inference.png"), f"inference-{name.lower()}.png"))
             rows = {r["key"]: r for r in report["inference"]}
             sections += [f"### {name}", "",
                          f"`{command}`, then `gluon-gpu-evaluate --params RUN --int8` on the 10,000 test images: "
@@ -91,6 +90,8 @@ def main(argv=None):
                          f"`{bench}`: {stamp(report['machine'])}.", "", *table(report), "",
                          f"![samples/s of each engine](inference-{name.lower()}.png)", ""]
             measured.append((name, rows, int8 - float32, report["machine"]))
+        for made, name in plots:
+            shutil.copyfile(made, os.path.join(args.docs, name))
     write_between(os.path.join(args.docs, "serving.md"), START, END, "\n".join(sections))
     write_between(args.readme, START.replace("inference:", "serving:"), END.replace("inference:", "serving:"),
                   readme_table(measured))
