@@ -59,13 +59,19 @@ def test_every_member_trains_as_its_configuration_alone(small_data, optimizer, d
     members = member_configs(config)
     assert set(varied(members)) >= {"lr", "wd", "label_smoothing", "seed", "lr_mode", "warmup_epochs"} | \
         ({"momentum"} if optimizer == "sgd" else set())
-    ctx = [mx.cpu(i) for i in range(2 if devices == "cpu*2" else 1)]
-    sweep = trained(config, ctx, small_data)
+    assert_members_train_as_alone(config, members, small_data)
+
+
+def assert_members_train_as_alone(config, members, data):
+    """Train ``config`` (a sweep or an ensemble of ``members``) for two epochs; each
+    member's parameters then equal its configuration's trained alone on its device."""
+    ctx = [mx.cpu(i) for i in range(2 if config.devices == "cpu*2" else 1)]
+    together = trained(config, ctx, data)
     moved = 0.0
     for k, member in enumerate(members):
-        net = sweep.dp.net.nets[k]
+        net = together.dp.net.nets[k]
         device = next(iter(net.collect_params().values())).list_ctx()
-        alone = build_run(replace(member, devices=str(device[0])), device, data=small_data)
+        alone = build_run(replace(member, devices=str(device[0])), device, data=data)
         start = param_arrays(alone.dp.net)
         fit(alone.dp, alone.train, alone.val, 2)
         want, got = param_arrays(alone.dp.net), param_arrays(net)
@@ -73,6 +79,23 @@ def test_every_member_trains_as_its_configuration_alone(small_data, optimizer, d
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=f"member {k} {name}")
             moved = max(moved, float(np.abs(want[name] - start[name]).max()))
     assert moved > 1e-2  # training moved the parameters far beyond the tolerance
+
+
+@pytest.mark.parametrize("spec,layout,devices", [("mixup=0.2,0.4 lr=0.05,0.1", "devices", "cpu*2"),
+                                                 ("mixup=0.2,1 seed=1,2", "separate", "cpu"),
+                                                 ("cutmix=0.5,1", "devices", "cpu*2")])
+def test_members_mix_their_own_pairs_with_their_own_alpha_as_alone(small_data, spec, layout, devices):
+    """Mixup or CutMix alpha per member: member k mixes each sample with its own partner
+    and weight, drawn from its seed and alpha as it alone draws them."""
+    config = RunConfig(devices=devices, sweep=spec, seed=5, epochs=2, batch_size=128, ensemble_layout=layout)
+    members = member_configs(config)
+    assert {"mixup", "cutmix"} & set(varied(members))
+    assert_members_train_as_alone(config, members, small_data)
+
+
+def test_an_ensemble_mixes_each_member_as_its_seed_alone(small_data):
+    config = RunConfig(devices="cpu*2", ensemble=2, mixup=0.3, seed=4, epochs=2, batch_size=128)
+    assert_members_train_as_alone(config, [replace(config, ensemble=1, seed=4 + k) for k in range(2)], small_data)
 
 
 SMALL = ["--devices", "cpu*2", "--limit", "768", "--val-limit", "256", "--batch-size", "128", "--quiet"]
@@ -225,7 +248,10 @@ def test_a_pruned_sweep_stopped_mid_epoch_resumes_to_the_straight_run(tmp_path):
     (["--sweep", "lr=0.1"], "makes 1 configuration: a sweep needs two or more"),
     (["--sweep", "batch-size=64,128"], "--sweep cannot vary batch-size: every member trains the same model"),
     (["--sweep", "model=lenet,mlp"], "--sweep cannot vary model"),
-    (["--sweep", "mixup=0.2,0.4"], "--sweep cannot vary mixup yet"),
+    (["--sweep", "mixup=0,0.4"], "--sweep: every member mixes its samples the same way or none does; these members "
+                                 "would mix by mixup, none"),
+    (["--sweep", "mixup=0.2,0.4", "--cutmix", "1"], "--sweep member 0 (mixup=0.2): --mixup and --cutmix are two ways"),
+    (["--sweep", "optimizer=sgd,adam"], "--sweep cannot vary optimizer yet"),
     (["--sweep", "depth=1,2"], "--sweep: unknown hyperparameter 'depth'; a sweep varies lr, wd, momentum"),
     (["--sweep", "lr=0.1,0.2 lr=0.3"], "--sweep names lr twice"),
     (["--sweep", "lr=0.1,-1"], "--sweep lr=-1: must be a positive number"),

@@ -24,7 +24,8 @@ def make_step_graph(net, head, transform, precision, members, is_np, training, s
     Training only: ``augment`` (data/augment.py) runs on the samples as stored, before
     ``transform``, from a third input (its parameters); ``mixing`` (data/mixing.py) takes
     pairs ``x (n, 2, ...)``, ``y (n, 2)`` and its parameters as the last input, augments
-    both of each pair, mixes them, and weighs the partner's loss by ``1 - lam``."""
+    both of each pair, mixes them, and weighs the partner's loss by ``1 - lam``; members
+    mix their own pairs, ``x (n, K, 2, ...)``, ``y (n, K, 2)``, parameters ``(n, K, width)``."""
     kind = StepGraph if isinstance(net, gluon.HybridBlock) else EagerStepGraph
     graph = kind(prefix="")
     graph.net, graph.transform = net, transform
@@ -39,7 +40,10 @@ def _forward(graph, F, x, y, extras=()):
     augmentation = extras.pop(0) if graph.augment is not None else None
     mixing = extras.pop(0) if graph.mixing is not None else None
     partner = None
+    member_axis = members > 1 or bool(slots)  # an ensemble's or sweep's batch: (n, K, ...)
     with mx.util.np_array(False):
+        if mixing is not None and member_axis:  # each member's pairs: (n, K, 2, ...) -> nK pairs
+            x, y, mixing = (F.reshape(v, shape=(-3, -2)) for v in (x, y, mixing))
         if mixing is not None:  # pairs: (n, 2, ...) -> 2n samples to augment
             x = F.reshape(x, shape=(-3, -2))
             augmentation = None if augmentation is None else F.reshape(augmentation, shape=(-3, -2))
@@ -50,6 +54,8 @@ def _forward(graph, F, x, y, extras=()):
             x = graph.augment(x, augmentation)
         if mixing is not None:
             x = graph.mixing(F.reshape(x, shape=(-4, -1, 2, -2)), mixing)
+            if member_axis:  # back to (n, K, ...), labels (n, K); the partners' stay (nK,), as the losses
+                x, y = F.reshape(x, shape=(-4, -1, members, -2)), F.reshape(y, shape=(-1, members))
         if graph.transform is not None:
             x = graph.transform(x)
         x = x.astype(precision.param_dtype)

@@ -48,14 +48,16 @@ class Mixing(gluon.HybridBlock):
     def mixes(self, epoch):
         return self.off_from is None or epoch < self.off_from
 
-    def table(self, samples, seed, epoch):
+    def table(self, samples, seed, epoch, alpha=None):
         """``(partner (samples,), params (samples, width))`` of an epoch, from (seed, epoch)
-        alone; None in the epochs without mixing."""
+        alone; None in the epochs without mixing. ``alpha``: another Beta(alpha, alpha) than
+        the block's (a sweep member's own)."""
         if not self.mixes(epoch):
             return None
         rng = np.random.default_rng([seed, epoch, MIX_STREAM])
         partner = rng.permutation(samples)
-        lam = rng.beta(self.alpha, self.alpha, samples)
+        alpha = self.alpha if alpha is None else alpha
+        lam = rng.beta(alpha, alpha, samples)
         if self.kind == "mixup":
             return partner, lam[:, None].astype(np.float32)
         h, w = self.sample_shape[1:]
@@ -65,6 +67,15 @@ class Mixing(gluon.HybridBlock):
         left, right = np.clip(np.round(cx - cut * w / 2), 0, w), np.clip(np.round(cx + cut * w / 2), 0, w)
         lam = 1 - (bottom - top) * (right - left) / (h * w)  # the share the box really leaves
         return partner, np.stack([lam, top, left, bottom, right], axis=1).astype(np.float32)
+
+    def member_tables(self, samples, seeds, epoch, alphas=None):
+        """An ensemble's or sweep's tables: member k's (its ``seeds[k]``, ``alphas[k]``) in
+        column k, ``(partner (samples, K), params (samples, K, width))``, as member k alone
+        draws them; None in the epochs without mixing."""
+        tables = [self.table(samples, seed, epoch, alpha) for seed, alpha in zip(seeds, alphas or [None] * len(seeds))]
+        if tables[0] is None:
+            return None
+        return np.stack([t[0] for t in tables], axis=1), np.stack([t[1] for t in tables], axis=1)
 
     def hybrid_forward(self, F, pairs, params, cols=None, rows=None):  # pylint: disable=arguments-differ
         pairs = pairs.astype("float32")
@@ -94,8 +105,10 @@ def make_mixing(mixup, cutmix, mixup_off_epochs, epochs, spec):
     return Mixing(kind, alpha, spec.input_shape, epochs - mixup_off_epochs if mixup_off_epochs else None)
 
 
-def describe(mixing):
-    """'mixup 0.2 (off from epoch 9)' for the plan line."""
+def describe(mixing, alphas=None):
+    """'mixup 0.2 (off from epoch 9)' for the plan line; a sweep's alphas that differ:
+    'mixup 0.2/0.4 ...', member by member."""
     off = f" (off from epoch {mixing.off_from + 1})" if mixing.off_from is not None else ""
-    return f"{mixing.kind} {mixing.alpha:g}{off}"
+    shown = "/".join(f"{a:g}" for a in alphas) if alphas and len(set(alphas)) > 1 else f"{mixing.alpha:g}"
+    return f"{mixing.kind} {shown}{off}"
 

@@ -13,7 +13,9 @@ sample's row of augmentation parameters from ``augment.table`` (a function of se
 epoch and sample), cut as the data. With ``mixing`` (mixup, CutMix: mixing.py), in the
 epochs it mixes, a batch holds pairs (each sample and its partner from
 ``mixing.table``): data ``(n, 2, ...)``, labels ``(n, 2)``, the augmentation (or None)
-``(n, 2, P)``, and a fourth list, each pair's mixing parameters.
+``(n, 2, P)``, and a fourth list, each pair's mixing parameters. An ensemble's or
+sweep's members mix each with its own partners (from the member's seed and alpha):
+data ``(n, K, 2, ...)``, labels ``(n, K, 2)``, parameters ``(n, K, width)``.
 """
 import multiprocessing.util
 
@@ -48,11 +50,11 @@ class DevicePipeline:
     """
 
     def __init__(self, inputs, targets, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1),
-                 member_groups=None, in_turns=False, augment=None, mixing=None, num_workers=0, seeds=None):
-        for name, block in (("augment", augment), ("mixup", mixing)):
-            if block is not None and members > 1:
-                raise UserError(f"`{name}` does not apply to an `ensemble` yet")
-        self.augment, self.mixing = augment, mixing
+                 member_groups=None, in_turns=False, augment=None, mixing=None, num_workers=0, seeds=None,
+                 mix_alphas=None):
+        if augment is not None and members > 1:
+            raise UserError("`augment` does not apply to an `ensemble` yet")
+        self.augment, self.mixing, self.mix_alphas = augment, mixing, mix_alphas
         self.n, self.batch_size, self.ctx = len(inputs), batch_size, list(ctx)
         self.seed, self.shuffle, self.members = seed, shuffle, members
         self.seeds = list(seeds) if seeds is not None else [seed + k for k in range(members)]
@@ -89,9 +91,7 @@ class DevicePipeline:
         on_device = {c: nd.array(order, ctx=c, dtype="int32") for c in dict.fromkeys(self.ctx)}
         table = self.augment.table(total, self.seed, epoch) if self.augment is not None else None
         augmentation = {c: nd.array(table, ctx=c) for c in dict.fromkeys(self.ctx)} if table is not None else {}
-        mix = self.mixing.table(total, self.seed, epoch) if self.mixing is not None else None
-        partners = {c: (nd.array(mix[0], ctx=c, dtype="int32"), nd.array(mix[1], ctx=c))
-                    for c in dict.fromkeys(self.ctx)} if mix is not None else {}
+        partners = self._mix_tables(total, epoch)
         step = self.batch_size * self.workers
         per_turn = len(self) // self.turns
         for position in range(start_batch, len(self)):
@@ -104,15 +104,40 @@ class DevicePipeline:
             else:
                 shards = [on_device[c][lo + a:lo + b]
                           for (a, b), c in zip(shard_bounds(hi - lo, len(self.ctx)), self.ctx)]
-            taken = [nd.stack(i, partners[c][0].take(i), axis=1) for c, i in zip(self.ctx, shards)] \
-                if partners else shards  # mixing: (sample, partner) pairs
+            rows = [None if i is None else self._table_rows(i, g) for g, i in enumerate(shards)] if partners else None
+            taken = [None if i is None else nd.stack(i, partners[c][0].take(r), axis=-1)
+                     for c, i, r in zip(self.ctx, shards, rows)] if partners else shards  # (sample, partner) pairs
             batch = ([None if i is None else x.take(i) for x, i in zip(self._inputs, taken)],
                      [None if i is None else y.take(i) for y, i in zip(self._targets, taken)])
             augs = [augmentation[c].take(i) for c, i in zip(self.ctx, taken)] if augmentation else None
             if partners:
-                yield batch + (augs, [partners[c][1].take(i) for c, i in zip(self.ctx, shards)])
+                yield batch + (augs, [None if r is None else partners[c][1].take(r) for c, r in zip(self.ctx, rows)])
             else:
                 yield batch + (augs,) if augs else batch
+
+
+    def _mix_tables(self, total, epoch):
+        """Each device's ``(partner, params)`` tables of the epoch, {} unmixed. Members:
+        member k's (from its own seed and alpha) in column k, flattened to rows
+        ``sample * K + k`` (:meth:`_table_rows`)."""
+        if self.mixing is None:
+            return {}
+        mix = self.mixing.table(total, self.seed, epoch) if self.members == 1 else \
+            self.mixing.member_tables(total, self.seeds, epoch, self.mix_alphas)
+        if mix is None:
+            return {}
+        partner, params = mix[0].reshape(-1), mix[1].reshape(-1, mix[1].shape[-1])
+        return {c: (nd.array(partner, ctx=c, dtype="int32"), nd.array(params, ctx=c)) for c in dict.fromkeys(self.ctx)}
+
+    def _table_rows(self, indices, group):
+        """The rows of the mixing tables for a shard of sample ``indices``: the samples
+        themselves, or with members (indices ``(n, Kg)``, the columns of group ``group``)
+        ``sample * K + k``."""
+        if self.members == 1:
+            return indices
+        first, count = self.member_groups[group] if self.member_groups else (0, self.members)
+        columns = nd.arange(first, first + count, ctx=indices.context, dtype="int32").reshape((1, -1))
+        return nd.broadcast_add(indices * self.members, columns)
 
 
 def _copies(inputs, devices, num_workers):
@@ -252,7 +277,8 @@ def device_only(members):
 
 
 def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
-                  members=1, shard=(0, 1), member_groups=None, in_turns=False, augment=None, mixing=None, seeds=None):
+                  members=1, shard=(0, 1), member_groups=None, in_turns=False, augment=None, mixing=None, seeds=None,
+                  mix_alphas=None):
     """The ``kind`` pipeline over ``inputs`` (arrays, or an image source read from disk)
     and ``targets`` (``auto``: see :func:`choose_pipeline`); ``augment``, ``mixing``: its
     batches carry their parameters."""
@@ -264,4 +290,4 @@ def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, 
         dataset = inputs if on_disk else gluon.data.ArrayDataset(inputs, targets.astype(np.float32))
         return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers, augment, mixing, shard)
     return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard, member_groups, in_turns,
-                          augment, mixing, num_workers, seeds)
+                          augment, mixing, num_workers, seeds, mix_alphas)

@@ -26,7 +26,7 @@ MONITORS = ("auto", "val-loss", "val-acc", "val-top5", "val-mse", "val-mae")
 # What may differ between a sweep's members (programs/sweep.py): what the optimizer, its
 # schedule and the loss do with the same batches of the same data.
 SWEEPABLE = ("lr", "wd", "momentum", "lr_mode", "lr_decay", "lr_decay_epoch", "warmup_epochs", "warmup_lr",
-             "label_smoothing", "seed")
+             "label_smoothing", "mixup", "cutmix", "seed")
 
 
 def _choices_help(described):

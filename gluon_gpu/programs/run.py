@@ -82,10 +82,10 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     if any(m.label_smoothing for m in sweep or [config]) and spec.task != "classify":
         raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
     augment = make_augment(config.augment, spec)
-    mixing = make_mixing(config.mixup, config.cutmix, config.mixup_off_epochs, config.epochs, spec)
+    mixing, mix_alphas = members_mixing(config, sweep, spec)
     if config.ema is not None and not config.ema > 0:
         raise UserError(f"`ema` {config.ema}: the decay must be above 0 (and below 1), e.g. 0.999")
-    for name, block in (("augment", augment), ("mixup" if config.mixup else "cutmix", mixing), ("ema", config.ema)):
+    for name, block in (("augment", augment), ("ema", config.ema)):
         if block is not None and members > 1:
             raise UserError(f"`{name}` does not apply to an `ensemble` or a `sweep` yet")
     if config.no_wd:
@@ -102,7 +102,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         make_pipeline(pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train, num_workers=workers,
                       members=members, shard=shard if train else (0, 1), seeds=seeds,
                       member_groups=layout.member_groups if train else None, in_turns=train and layout.in_turns,
-                      augment=augment if train else None, mixing=mixing if train else None)
+                      augment=augment if train else None, mixing=mixing if train else None, mix_alphas=mix_alphas)
         for x, y, train, pipe_ctx in ((data.train_x, data.train_y, True, layout.train_ctx),
                                       (data.val_x, data.val_y, False, layout.eval_ctx))]
     updates_per_epoch = -(-len(pipes[0]) // pipes[0].turns // config.accumulate)  # each member's, in turns too
@@ -128,7 +128,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                tuple(warnings), f"pipeline {pipeline}" + (f" ({why})" if why else "") + _workers_text(
                    workers, pipeline == "loader" or data.on_disk),
                describe(augment.components) if augment is not None else "",
-               describe_mixing(mixing) if mixing is not None else "",
+               describe_mixing(mixing, mix_alphas) if mixing is not None else "",
                WeightAverage(dp, config.ema, pipes[1]) if config.ema else None, sweep)
 
 
@@ -159,6 +159,19 @@ def exclude_from_weight_decay(net):
     for name, param in net.collect_params().items():
         if NO_DECAY.match(name):
             param.wd_mult = 0.0
+
+
+def members_mixing(config, sweep, spec):
+    """``(the Mixing block, each member's alpha or None)``: a sweep's members mix alike
+    (all or none, the same kind), each with its own alpha; others as their flags say."""
+    if not sweep:
+        return make_mixing(config.mixup, config.cutmix, config.mixup_off_epochs, config.epochs, spec), None
+    blocks = per_member(sweep, lambda m: make_mixing(m.mixup, m.cutmix, m.mixup_off_epochs, m.epochs, spec))
+    kinds = {block.kind if block else "none" for block in blocks}
+    if len(kinds) > 1:
+        raise UserError(f"`sweep`: every member mixes its samples the same way or none does; these members would "
+                        f"mix by {', '.join(sorted(kinds))}")
+    return blocks[0], [block.alpha for block in blocks] if blocks[0] else None
 
 
 def _check_sync_bn_batches(samples, global_batch, devices):

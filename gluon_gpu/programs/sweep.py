@@ -21,9 +21,7 @@ import numpy as np
 from ..core.errors import UserError
 from .config import SWEEPABLE, RunConfig, flag_name
 
-NOT_YET = {"mixup": "members do not mix samples yet (nor does an `ensemble`)",
-           "cutmix": "members do not mix samples yet (nor does an `ensemble`)",
-           "optimizer": "every member has the same optimizer kind (its parameters may differ)"}
+NOT_YET = {"optimizer": "every member has the same optimizer kind (its parameters may differ)"}
 INTEGER = ("warmup_epochs", "seed")
 _FIELDS = {f.name: f for f in fields(RunConfig)}
 
