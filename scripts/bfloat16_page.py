@@ -129,9 +129,10 @@ def main(argv=None):
         report["ratio"] = by_dtype["bfloat16"]["samples_per_s"] / by_dtype["float32"]["samples_per_s"]
         profiles = {d: profile(d, args.limit, out) for d in ("float32", "bfloat16")}
         convs = {d: kernels(d, out) for d in ("float32", "bfloat16")}
+    text = page(command, report, stdout, profiles, convs)  # stamped before any file changes
     os.makedirs(args.docs, exist_ok=True)
     with open(os.path.join(args.docs, "bfloat16.md"), "w") as f:
-        f.write(page(command, report, stdout, profiles, convs))
+        f.write(text)
     with open(args.measured, "w") as f:
         json.dump({"model": "ResNet-20", "ratio": round(report["ratio"], 2), "cpu": report["machine"]["cpu"],
                    "date": datetime.date.today().isoformat(), "page": "docs/bfloat16.md"}, f, indent=2)
