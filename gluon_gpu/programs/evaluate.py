@@ -4,10 +4,8 @@ validation loss and metrics of the run's task, on the run's own validation data.
 On CPU contexts the network runs as oneDNN's fused inference graph (conv+BN+ReLU as
 one primitive); ``--int8`` quantizes it, calibrated on training samples, and reports
 the change against float32."""
-import numpy as np
-from mxnet import nd
-
 import mxnet as mx
+from mxnet import nd
 
 from ..core.devices import describe, devices, parse_devices
 from ..core.heads import head_for
@@ -80,13 +78,13 @@ def validation_data(spec, data_dir=None, limit=None):
 
 
 def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_conv="auto", member=None,
-                    inference="graph", calibration=512):
+                    inference="graph", calibration=512, data=None):
     """``{'loss', <metric>...}`` on the validation split for the parameters in ``path``
     loaded onto ``ctx`` (``member``: that member of an ensemble or sweep alone), run as
     the ``inference`` graph (models/inference.py; ``int8``: calibrated on ``calibration``
-    training samples)."""
+    training samples). ``data``: the run's :func:`validation_data`, when already read."""
     spec = recorded_spec(path)
-    data = validation_data(spec, data_dir, calibration if inference == "int8" else None)
+    data = data or validation_data(spec, data_dir, calibration if inference == "int8" else None)
     spec = spec or data.spec
     if inference != "graph":
         net = inference_model(path, spec, inference, data.val_x[:batch_size], model, member,
@@ -123,17 +121,21 @@ def main(argv=None):
     with devices(args.devices) as ctx:
         check_batch(args.batch_size, ctx)
         mode = graph_mode(args, ctx)
-        result = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv,
-                                 args.member, mode, args.calibration_samples)
-        float32 = evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv,
-                                  args.member, "fused") if mode == "int8" else None
+        data = validation_data(recorded_spec(args.params), args.data_dir,
+                               args.calibration_samples if mode == "int8" else None)
+
+        def figures_of(graph):  # the data read once, for int8 and its float32 reference
+            return evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv,
+                                   args.member, graph, args.calibration_samples, data)
+        result = figures_of(mode)
+        float32 = figures_of("fused") if mode == "int8" else None
     kind = "sweep" if run["sweep"] else "ensemble"
     what = f"{kind} of {run['members']} {model}" if run["members"] > 1 and not args.model else model
     what = f"member {args.member} of the {what}" if args.member is not None else what
-    figures = "  ".join(f"{name} {value:.4f}" for name, value in result.items()
-                        if name != "samples" and not name.startswith("member_"))
+    shown = "  ".join(f"{name} {value:.4f}" for name, value in result.items()
+                      if name != "samples" and not name.startswith("member_"))
     where = describe(ctx) if mode == "graph" else f"{describe([mx.cpu()])}, {args.omp_threads} OpenMP threads"
-    print(f"{args.params}: {what} validation {figures} on {where} ({result['samples']} samples, {mode} inference)")
+    print(f"{args.params}: {what} validation {shown} on {where} ({result['samples']} samples, {mode} inference)")
     if float32:
         change = "  ".join(f"{name} {float32[name]:.4f} ({result[name] - float32[name]:+.4f})" for name in float32
                            if name not in ("loss", "samples"))
