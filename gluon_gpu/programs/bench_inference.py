@@ -141,7 +141,8 @@ def _onnx_loop(onnx_file, spec, x, y, bs):
 
 def _torch_row(args, path, spec, x, y, scratch):
     """PyTorch eager, in its own interpreter, on the same LeNet with the same weights."""
-    if recorded_run(path)["model"] != "lenet" or recorded_run(path)["members"] != 1:
+    run = recorded_run(path)
+    if run["model"] != "lenet" or run["members"] != 1:
         raise UserError("`torch_python`: the PyTorch row runs LeNet alone (the baseline's network)")
     weights, inputs = os.path.join(scratch, "lenet.npz"), os.path.join(scratch, "inputs.npz")
     torch_lenet.save_weights(load_model(path, mx.cpu(), fused_conv="off"), weights)

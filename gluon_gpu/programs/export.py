@@ -60,7 +60,7 @@ def held_out(spec, data_dir, count):
     """``(samples as stored, where from)``: the run's first validation samples, else (no
     data here) random samples of its shape, said so."""
     try:
-        data = validation_data(spec, data_dir)
+        data = validation_data(spec, data_dir, limit=1)  # the validation split; of the training one, a sample
         return np.asarray(data.val_x[:count]), f"{min(count, len(data.val_x))} validation samples"
     except UserError as e:
         rng = np.random.default_rng(0)
