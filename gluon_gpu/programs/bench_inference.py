@@ -27,14 +27,12 @@ from ..core.devices import parse_devices, thread_settings
 from ..core.errors import UserError
 from ..core.files import write_json
 from ..core.heads import head_for
-from ..core.parallel import DataParallel
 from ..core.precision import BF16_CPU_FLAGS, cpu_flags
-from ..data import DevicePipeline
-from ..models import load_model, params_in, pipeline_layout, recorded_run
+from ..models import load_model, params_in, recorded_run
 from ..models.inference import inference_model, inference_threads
 from . import torch_lenet
 from .bench_timing import figure, machine_info, text_table
-from .evaluate import evaluate_inference, recorded_spec, validation_data
+from .evaluate import evaluate_inference, graph_evaluation, recorded_spec, validation_data
 from .export import export
 
 CALIBRATION = 512  # training samples INT8 calibrates on (evaluate's default)
@@ -88,7 +86,7 @@ def time_engines(args, engines):
     rows = []
     if "graph" in engines:
         rows.append(_timed("graph", f"training graph on {args.devices[0]} (--inference graph)", args.repeats,
-                           _graph_loop(path, spec, ctx, x, y, bs, head)))
+                           graph_evaluation(path, ctx, spec, x, y, bs)))
     for mode, what in (("fused", "oneDNN fused graph (--inference fused)"), ("int8", "oneDNN INT8 (--int8)"),
                        ("bfloat16", "oneDNN bfloat16 (--inference bfloat16)")):
         if mode in engines and (mode != "bfloat16" or cpu_flags() & BF16_CPU_FLAGS):
@@ -116,13 +114,6 @@ def _timed(key, what, repeats, loop):
     median = statistics.median(seconds)
     return {"key": key, "name": what, "seconds": seconds, "median_s": median, "samples": figures["samples"],
             "samples_per_s": figures["samples"] / median, "acc": figures.get("acc")}
-
-
-def _graph_loop(path, spec, ctx, x, y, bs, head):
-    net = load_model(path, ctx, input_shape=spec.input_shape, outputs=spec.outputs)
-    dp = DataParallel(net, ctx, head=head, transform=spec.transform())
-    pipeline = DevicePipeline(x, y, bs, pipeline_layout(net, ctx).eval_ctx, shuffle=False)
-    return lambda: dp.evaluate(pipeline.epoch(0))
 
 
 def _onnx_loop(onnx_file, spec, x, y, bs):

@@ -91,13 +91,20 @@ def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_
                               calibration=data.train_x[:calibration], log=True)
         return evaluate_inference(net, head_for(spec.task, spec.outputs), data.val_x, data.val_y, batch_size,
                                   spec.dtype)
+    return graph_evaluation(path, ctx, spec, data.val_x, data.val_y, batch_size, model, fused_conv, member)()
+
+
+def graph_evaluation(path, ctx, spec, x, y, batch_size, model=None, fused_conv="auto", member=None):
+    """``() -> figures``: the training graph's evaluation of the parameters in ``path`` on
+    ``ctx`` over samples ``x``, labels ``y`` (the network loaded and the samples placed
+    once; the benchmark calls it again and again)."""
     net = load_model(path, ctx, model, input_shape=spec.input_shape, outputs=spec.outputs, fused_conv=fused_conv,
                      member=member)
     members = getattr(net, "members", 1)
     dp = DataParallel(net, ctx, head=head_for(spec.task, spec.outputs), transform=spec.transform(members))
     eval_ctx = pipeline_layout(net, ctx).eval_ctx  # an ensemble of placed members: its home device
-    return dp.evaluate(DevicePipeline(data.val_x, data.val_y, batch_size, eval_ctx, shuffle=False,
-                                      members=members).epoch(0))
+    pipeline = DevicePipeline(x, y, batch_size, eval_ctx, shuffle=False, members=members)
+    return lambda: dp.evaluate(pipeline.epoch(0))
 
 
 def evaluate_inference(net, head, x, y, batch_size, dtype):
