@@ -241,6 +241,31 @@ def test_ensembles_in_numpy_mode_train_as_in_legacy_mode(train_slice, fused_conv
         np.testing.assert_allclose(results[1][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("api", ["legacy", "numpy"])
+def test_members_given_one_batch_of_one_column_share_it(train_slice, api):
+    """``dp.step`` on host batches ``(B, 1, ...)``: every member trains on the one batch,
+    as on ``(B, K, ...)`` batches of K equal columns, in either API."""
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    x, y = train_slice[0][:4 * 128], train_slice[1][:4 * 128].astype(np.float32)
+    results = []
+    for columns in (4, 1):
+        if api == "numpy":
+            npx.set_np()
+        try:
+            ens = init_model("lenet", 5, ctx, members=4, layout="devices")
+            dp = DataParallel(ens, ctx, "sgd", {"learning_rate": 0.1, "momentum": 0.9}, transform=fashion_transform(4))
+            for i in range(0, len(x), 128):
+                data = np.repeat(x[i:i + 128, None], columns, axis=1)  # (B, columns, 1, 28, 28)
+                dp.step(nd.array(data, dtype="uint8"), nd.array(np.repeat(y[i:i + 128, None], columns, axis=1)))
+            results.append((param_arrays(ens), dp.read_metrics()["member_acc"]))
+        finally:
+            npx.reset_np()
+    (want, want_acc), (got, got_acc) = results
+    np.testing.assert_allclose(got_acc, want_acc)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("layout", ["fused", "separate"])
 def test_members_are_initialized_as_their_seeds(layout):
     ctx = [mx.cpu()]

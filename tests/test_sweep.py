@@ -81,6 +81,21 @@ def assert_members_train_as_alone(config, members, data):
     assert moved > 1e-2  # training moved the parameters far beyond the tolerance
 
 
+@pytest.mark.parametrize("layout,devices", [("devices", "cpu*2"), ("devices", "cpu"), ("separate", "cpu")])
+def test_members_of_one_seed_share_each_batch_and_train_as_alone(small_data, layout, devices):
+    """A sweep that leaves the seed alone: its members draw one data order, so each
+    group's batch is one column, gathered and normalized once for all of its members,
+    and every member still trains as its configuration alone."""
+    config = RunConfig(devices=devices, sweep="lr=0.05,0.2 wd=0,1e-3", momentum=0.9, seed=3, epochs=2,
+                       batch_size=128, ensemble_layout=layout)
+    ctx = [mx.cpu(i) for i in range(2 if devices == "cpu*2" else 1)]
+    run = build_run(config, ctx, data=small_data)
+    data, labels = next(iter(run.train.epoch(0)))
+    assert run.train.shared and len(data) == len(run.dp.net.groups)
+    assert all(x.shape == (128, 1, 1, 28, 28) for x in data) and all(y.shape == (128, 1) for y in labels)
+    assert_members_train_as_alone(config, member_configs(config), small_data)
+
+
 @pytest.mark.parametrize("spec,layout,devices", [("mixup=0.2,0.4 lr=0.05,0.1", "devices", "cpu*2"),
                                                  ("mixup=0.2,1 seed=1,2", "separate", "cpu"),
                                                  ("cutmix=0.5,1", "devices", "cpu*2")])

@@ -10,7 +10,7 @@ from .modes import legacy, to_api
 
 
 def make_step_graph(net, head, transform, precision, members, is_np, training, slots=None, augment=None,
-                    mixing=None):
+                    mixing=None, shared=False):
     """``(x, y) -> (loss sums (K,), stats)`` in training, ``stats`` in evaluation.
 
     ``stats`` is ``[loss sums (K), each metric's sums (K)]``; evaluating an ensemble
@@ -25,23 +25,26 @@ def make_step_graph(net, head, transform, precision, members, is_np, training, s
     ``transform``, from a third input (its parameters); ``mixing`` (data/mixing.py) takes
     pairs ``x (n, 2, ...)``, ``y (n, 2)`` and its parameters as the last input, augments
     both of each pair, mixes them, and weighs the partner's loss by ``1 - lam``; members
-    mix their own pairs, ``x (n, K, 2, ...)``, ``y (n, K, 2)``, parameters ``(n, K, width)``."""
+    mix their own pairs, ``x (n, K, 2, ...)``, ``y (n, K, 2)``, parameters ``(n, K, width)``.
+    ``shared``: the members share one batch, ``x (n, 1, ...)``, ``y (n, 1)``."""
     kind = StepGraph if isinstance(net, gluon.HybridBlock) else EagerStepGraph
     graph = kind(prefix="")
     graph.net, graph.transform = net, transform
     graph.augment, graph.mixing = (augment, mixing) if training else (None, None)
-    graph._config = (head, precision, members, is_np, training, slots)  # pylint: disable=protected-access
+    graph._config = (head, precision, members, is_np, training, slots, shared)  # pylint: disable=protected-access
     return graph
 
 
 def _forward(graph, F, x, y, extras=()):
-    head, precision, members, is_np, training, slots = graph._config  # pylint: disable=protected-access
+    head, precision, members, is_np, training, slots, shared = graph._config  # pylint: disable=protected-access
     x, y, extras = legacy(x), legacy(y), [legacy(e) for e in extras]
     augmentation = extras.pop(0) if graph.augment is not None else None
     mixing = extras.pop(0) if graph.mixing is not None else None
     partner = None
     member_axis = members > 1 or bool(slots)  # an ensemble's or sweep's batch: (n, K, ...)
     with mx.util.np_array(False):
+        if shared:  # one batch for every member: each member's label of each sample
+            y = F.broadcast_axis(y, axis=1, size=members)
         if mixing is not None and member_axis:  # each member's pairs: (n, K, 2, ...) -> nK pairs
             x, y, mixing = (F.reshape(v, shape=(-3, -2)) for v in (x, y, mixing))
         if mixing is not None:  # pairs: (n, 2, ...) -> 2n samples to augment

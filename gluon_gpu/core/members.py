@@ -14,9 +14,11 @@ class PlacedMembers(gluon.Block):
 
     A subclass sets ``members`` (K), ``home`` (the device it evaluates on) and ``groups``:
     ``[(first member, device, group)]``, where ``group.nets`` are its members in order and
-    the group maps ``(B, Kg*C, ...)`` to ``(B, Kg, outputs)``. DataParallel leaves the
-    members where they are: each group trains on its members' columns of whole batches,
-    in a graph of its own, and no gradient crosses groups."""
+    the group maps ``(B, Kg*C, ...)`` to ``(B, Kg, outputs)`` and its ``shared_input()``
+    maps ``(B, C, ...)``, one input for all its members, to the same. DataParallel leaves
+    the members where they are: each group trains on its members' columns of whole
+    batches (or the one column they share), in a graph of its own, and no gradient
+    crosses groups."""
 
     @property
     def nets(self):
@@ -29,11 +31,13 @@ class PlacedMembers(gluon.Block):
         return [device for _, device, _ in self.groups]
 
     def split(self, data, label, training=True):
-        """In training each group's members' columns (axis 1) of the whole batch; in
-        evaluation the whole batch on the home device."""
+        """In training each group's members' columns (axis 1) of the whole batch, or a
+        batch of one column, which every member shares, whole; in evaluation the whole
+        batch on the home device."""
         if not training:
             return [data.as_in_context(self.home)], [label.as_in_context(self.home)]
-        return tuple([a[:, first:first + len(group.nets)].as_in_context(device)
+        shared = data.shape[1] == 1
+        return tuple([(a if shared else a[:, first:first + len(group.nets)]).as_in_context(device)
                       for first, device, group in self.groups] for a in (data, label))
 
     stopped = frozenset()  # members that take no more steps (stop)
@@ -53,11 +57,14 @@ class PlacedMembers(gluon.Block):
         return [first + j for first, _, group in (self.groups[g] for g in groups) for j in range(len(group.nets))
                 if first + j not in self.stopped and self.mine(first + j)]
 
-    def graph_of(self, g):
-        """``(block, members, slots)`` of group ``g``'s step graph: its figures land in its
-        members' slots among all K."""
+    def graph_of(self, g, shape):
+        """``(block, members, slots, shared)`` of group ``g``'s step graph for batches of
+        ``shape``: its figures land in its members' slots among all K. A batch of one
+        column, ``(n, 1, ...)``, is one its members share (``shared``): the block is then
+        the group's ``shared_input()``, every member on the same ``(n, C, ...)``."""
         first, _, group = self.groups[g]
-        return group, len(group.nets), (first, self.members)
+        shared = len(group.nets) > 1 and shape[1] == 1
+        return group.shared_input() if shared else group, len(group.nets), (first, self.members), shared
 
     def clip(self, members, max_norm):
         """Clip each of ``members`` by its own gradient norm, as it would be clipped alone."""

@@ -186,14 +186,14 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         return result
 
     def _graph(self, shape, training, group=None, mixed=False):
-        """One hybridized graph per (input shape, mode, placed group, mixed), sharing the net's parameters:
-        a last partial batch gets its own instead of re-planning another."""
+        """A hybridized graph per (input shape, mode, placed group, mixed): a partial batch gets its own."""
         key = (tuple(shape), training, group, mixed, self.placed and self.placed.stopped)  # stopped: rebuilt
         if key not in self._graphs:
-            net, members, slots = self.placed.graph_of(group) if group is not None else (self.net, self.members, None)
+            net, members, slots, shared = self.placed.graph_of(group, shape) if group is not None else \
+                (self.net, self.members, None, False)
             head = self.heads[slots[0]] if self.heads and slots else self.head  # a group's members share one
             graph = make_step_graph(net, head, self.transform, self.precision, members, self.is_np, training,
-                                    slots, self.inputs.augment, self.inputs.mixing if mixed else None)
+                                    slots, self.inputs.augment, self.inputs.mixing if mixed else None, shared)
             if self.hybridize and isinstance(net, gluon.HybridBlock):
                 graph.hybridize(static_alloc=True, static_shape=True)
             self._graphs[key] = graph

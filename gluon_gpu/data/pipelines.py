@@ -46,7 +46,9 @@ class DevicePipeline:
     samples (an ensemble whose members live on different devices). ``in_turns``: the
     groups take turns, each its whole epoch (group 0's batches, then group 1's...), and a
     batch holds None for every group but the one whose turn it is (the ``sequential``
-    ensemble layout).
+    ensemble layout). Members that draw one order (a sweep's members of one seed) and do
+    not mix share each batch: every group gets one column, ``(n, 1, ...)``, gathered
+    and normalized once for all its members (``shared``).
     """
 
     def __init__(self, inputs, targets, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1),
@@ -59,6 +61,7 @@ class DevicePipeline:
         self.seed, self.shuffle, self.members = seed, shuffle, members
         self.seeds = list(seeds) if seeds is not None else [seed + k for k in range(members)]
         self.member_groups = member_groups
+        self.shared = bool(member_groups) and members > 1 and len(set(self.seeds)) == 1 and mixing is None
         self.turns = len(member_groups) if in_turns else 1
         self.rank, self.workers = shard
         self.n = whole_global_batches(self.n, batch_size, self.workers)
@@ -83,7 +86,8 @@ class DevicePipeline:
         ``batch_size x workers``: the job sees exactly the batches one process with
         ``workers`` times the devices would."""
         total = len(self._inputs[0])
-        order = np.stack([epoch_order(total, seed, epoch, self.shuffle)[:self.n] for seed in self.seeds],
+        seeds = self.seeds[:1] if self.shared else self.seeds
+        order = np.stack([epoch_order(total, seed, epoch, self.shuffle)[:self.n] for seed in seeds],
                          axis=1).astype(np.int32)
         if self.members == 1:
             order = order[:, 0]
@@ -99,7 +103,8 @@ class DevicePipeline:
             lo = min(batch * step + self.rank * self.batch_size, self.n)
             hi = min(lo + self.batch_size, self.n)
             if self.member_groups:
-                shards = [on_device[c][lo:hi, first:first + count] if self.turns == 1 or g == turn else None
+                shards = [on_device[c][lo:hi, slice(*self._columns(first, count))]
+                          if self.turns == 1 or g == turn else None
                           for g, ((first, count), c) in enumerate(zip(self.member_groups, self.ctx))]
             else:
                 shards = [on_device[c][lo + a:lo + b]
@@ -115,6 +120,10 @@ class DevicePipeline:
             else:
                 yield batch + (augs,) if augs else batch
 
+    def _columns(self, first, count):
+        """Columns ``(begin, end)`` of the order a group of members ``first..`` takes:
+        its members', or the one they all share."""
+        return (0, 1) if self.shared else (first, first + count)
 
     def _mix_tables(self, total, epoch):
         """Each device's ``(partner, params)`` tables of the epoch, {} unmixed. Members:

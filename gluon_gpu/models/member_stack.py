@@ -60,15 +60,41 @@ class MemberGroup(gluon.HybridBlock):
         c, is_np = self.channels, mx.util.is_np_array()
         if len(self.nets) == 1:  # the input is the member's own: no slice, no copy
             return F.np.expand_dims(self.nets[0](x), axis=1) if is_np else F.expand_dims(self.nets[0](x), axis=1)
-        outs = {j: net(x[:, j * c:(j + 1) * c] if is_np else F.slice_axis(x, axis=1, begin=j * c, end=(j + 1) * c))
-                for j, net in enumerate(self.nets) if j not in self.skip}
+        return self.members_on(F, lambda j: x[:, j * c:(j + 1) * c] if is_np else
+                               F.slice_axis(x, axis=1, begin=j * c, end=(j + 1) * c))
+
+    def members_on(self, F, member_input):
+        """``(B, Kg, outputs)``: member j run on ``member_input(j)``, zeros for the skipped."""
+        is_np = mx.util.is_np_array()
+        outs = {j: net(member_input(j)) for j, net in enumerate(self.nets) if j not in self.skip}
         zeros = F.np.zeros_like if is_np else F.zeros_like
         outs = [outs[j] if j in outs else zeros(next(iter(outs.values()))) for j in range(len(self.nets))]
         return F.np.stack(outs, axis=1) if is_np else F.stack(*outs, axis=1)
 
+    def shared_input(self):
+        """This group's members on one input they share, ``(B, C, ...)`` (the core's
+        PlacedMembers.graph_of): a sweep's members that draw one data order take each
+        batch gathered and normalized once, not once per member."""
+        return SharedInput(self)
+
     def _build_cache(self, *args):
         with skipped_members_unused(self.skip):
             super()._build_cache(*args)
+
+
+class SharedInput(gluon.HybridBlock):
+    """A MemberGroup's members all on one input: ``(B, C, ...)`` to ``(B, Kg, outputs)``."""
+
+    def __init__(self, group):
+        super().__init__(prefix=group.prefix)
+        self.group = group
+
+    @property
+    def skip(self):
+        return self.group.skip
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return self.group.members_on(F, lambda j: x)
 
 
 class MemberStack(PlacedMembers):
