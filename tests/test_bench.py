@@ -105,6 +105,26 @@ def test_ensemble_bench_times_every_spec_and_layout_against_k_times_one(tmp_path
         assert f.read(4) == b"\x89PNG"
 
 
+def test_sweep_bench_times_each_configuration_alone_then_the_sweep_in_one_invocation(tmp_path, capsys):
+    """bench --sweep: each of the K configurations alone on the first context, then the
+    sweep as one job on each spec, against the sum of the K epochs."""
+    out = str(tmp_path / "bench")
+    assert bench.main(["--devices", "cpu*2", "--sweep", "lr=0.05,0.2 wd=0,1e-4", "--epochs", "2", "--limit", "512",
+                       "--val-limit", "500", "--out", out, "--quiet"]) == 0
+    assert "cpu*2 sweep of 4 (devices)" in capsys.readouterr().out
+    with open(os.path.join(out, "bench.json")) as f:
+        report = json.load(f)
+    rows = report["sweep"]
+    assert [r["name"] for r in rows] == ["cpu lr=0.05 wd=0", "cpu lr=0.05 wd=0.0001", "cpu lr=0.2 wd=0",
+                                         "cpu lr=0.2 wd=0.0001", "cpu*2 sweep of 4 (devices)"]
+    alone = sum(r["median_epoch_s"] for r in rows[:4])
+    assert report["one_after_another_epoch_s"] == pytest.approx(alone)
+    assert rows[4]["vs_one_after_another"] == pytest.approx(alone / rows[4]["median_epoch_s"])
+    assert rows[4]["member_samples_per_s"] == pytest.approx(4 * 512 / rows[4]["median_epoch_s"])
+    with open(os.path.join(out, "sweep.png"), "rb") as f:
+        assert f.read(4) == b"\x89PNG"
+
+
 def test_an_ensemble_bench_of_two_engine_worker_counts_times_k1_on_one_worker(tmp_path, capsys):
     """--engine-threads 1 2: each count in a child ensemble bench. With two workers, auto
     runs the members side by side on one context, and its K=1 is timed by a grandchild
