@@ -7,7 +7,8 @@ task heads, both MXNet APIs, checkpoints, the loop), ``data`` (datasets, pipelin
 
 ``import gluon_gpu`` starts nothing: the names below are imported on first use, after a
 check of the environment variables MXNet reads when it starts (a bad one is a
-UserError naming it, where MXNet would abort or hang).
+UserError naming it, where MXNet would abort or hang), and OpenMP's threads fitted to
+a CPU quota when MXNet is not imported yet (environment.fit_threads_to_cpu_quota).
 """
 import importlib
 
@@ -24,6 +25,7 @@ def __getattr__(name):
     if name not in _API:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     environment.check()
+    environment.fit_threads_to_cpu_quota()
     value = getattr(importlib.import_module(f".{_API[name]}", __name__), name)
     globals()[name] = value
     return value

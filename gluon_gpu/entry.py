@@ -1,7 +1,7 @@
 """The programs' entry (``python -m gluon_gpu.<program>``, ``gluon-gpu-<program>``):
 the environment variables MXNet reads at start are checked before MXNet is imported
-(on a bad one MXNet aborts, crashes or hangs: core/environment.py), and a Ctrl-C while
-it is imported is one line, as later."""
+(on a bad one MXNet aborts, crashes or hangs: core/environment.py), its OpenMP threads
+are fitted to a CPU quota, and a Ctrl-C while it is imported is one line, as later."""
 import importlib
 import sys
 
@@ -16,6 +16,7 @@ def program(name):
         if found:
             print(f"gluon_gpu: error: {found}", file=sys.stderr)
             return 2
+        environment.fit_threads_to_cpu_quota()
         try:
             module = importlib.import_module(f"{__package__}.programs.{name}")
         except KeyboardInterrupt:

@@ -8,7 +8,10 @@ import mxnet as mx
 import pytest
 
 import gluon_gpu
+from gluon_gpu.core.cgroups import cpu_quota
 from gluon_gpu.core.errors import DeviceError, UserError
+
+from cgroup_caps import run_with_cpu_quota
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,6 +55,51 @@ def test_all_fills_the_cpus_the_process_may_use_not_the_machine_s():
                           timeout=120, env={**env, "PYTHONPATH": REPO})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["[cpu(0)]", "1"]
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_the_tightest_cpu_quota_of_the_process_and_its_ancestors_counts(tmp_path):
+    """v1: a job's quota of 4 CPUs under a parent's of 2.5 (rounded down: 2); -1 is no
+    quota. v2: cpu.max "max" is none, "300000 100000" 3 CPUs. None without any."""
+    root = tmp_path / "cgroup"
+    for group, quota in (("jobs/job1", 400_000), ("jobs", 250_000), ("", -1)):
+        _write(root / "cpu" / group / "cpu.cfs_quota_us", str(quota))
+        _write(root / "cpu" / group / "cpu.cfs_period_us", "100000")
+    proc = tmp_path / "cgroup_of_v1"
+    _write(proc, "4:memory:/\n1:cpu,cpuacct:/jobs/job1\n0::/\n")
+    assert cpu_quota(str(proc), str(root)) == 2
+    _write(proc, "1:cpu,cpuacct:/\n")
+    assert cpu_quota(str(proc), str(root)) is None
+    _write(root / "job2" / "cpu.max", "300000 100000\n")
+    _write(root / "cpu.max", "max 100000\n")
+    _write(proc, "0::/job2\n")
+    assert cpu_quota(str(proc), str(root)) == 3
+    _write(proc, "0::/\n")
+    assert cpu_quota(str(proc), str(root)) is None
+
+
+def test_a_cpu_quota_sets_the_cpu_contexts_and_openmp_threads(tmp_path):
+    """A cgroup CPU quota of one CPU on this machine of two: `all` is one context, and
+    OpenMP gets the quota's threads, set before MXNet starts, in a script through
+    gluon_gpu's API and in the programs (the plan line); without the quota, both CPUs."""
+    probe = ("import os, gluon_gpu; from gluon_gpu.core.environment import usable_cpus; "
+             "print(gluon_gpu.parse_devices('all'), os.environ.get('OMP_NUM_THREADS'), usable_cpus())")
+    env = {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "PYTHONPATH": REPO}
+    if len(os.sched_getaffinity(0)) != 2:
+        pytest.skip("written for a machine of two CPUs")
+    free = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert free.stdout.split() == ["[cpu(0),", "cpu(1)]", "None", "2"], free.stderr
+    capped = run_with_cpu_quota(1, [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert capped.stdout.split() == ["[cpu(0)]", "1", "1"], capped.stderr
+    train = run_with_cpu_quota(1, [sys.executable, "-m", "gluon_gpu.train", "--epochs", "1", "--limit", "256",
+                                   "--val-limit", "100", "--out", str(tmp_path / "run"), "--quiet"],
+                               capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert train.returncode == 0, train.stderr
+    assert "on cpu(0) (1 OpenMP thread per op, 1 engine worker per context)" in train.stdout
 
 
 def test_gpu_specs_with_four_gpus(gpus):

@@ -17,7 +17,7 @@ from gluon_gpu.programs import train
 
 from conftest import make_image_folder
 from failure_table import table_exit
-from memory_cap import run_capped
+from cgroup_caps import run_capped
 
 MiB = 2 ** 20
 

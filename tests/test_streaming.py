@@ -19,7 +19,7 @@ from gluon_gpu.programs import pack, predict, train
 from conftest import make_image_folder, read_metrics
 from failure_table import table_exit
 from image_folders import write_colours
-from memory_cap import can_cap, run_capped
+from cgroup_caps import can_cap, run_capped
 from test_checkpoints import assert_same_run, checkpoint_names, start, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -210,7 +210,7 @@ def check_cpu_only(net, ctx):
 
 def default_workers(ctx):
     """Data workers when the user names none: the cores this process may use (its CPU
-    affinity), less one for each CPU context's compute (a GPU's: one core feeding it),
+    affinity and quota), less one for each CPU context's compute (a GPU's: one core feeding it),
     at least one."""
     cores = usable_cpus()
     compute = len({c for c in ctx if c.device_type == "cpu"}) or 1

@@ -3,10 +3,13 @@ on bad values MXNet 1.9 aborts (``OMP_NUM_THREADS=abc``: an uncaught C++ excepti
 crashes (``OMP_NUM_THREADS=100000``: a segfault when libgomp cannot make the threads),
 hangs (``MXNET_CPU_WORKER_NTHREADS=0``) or fails deep inside its engine
 (``MXNET_ENGINE_TYPE=Bogus``), divides by zero (``MXNET_CPU_TEMP_COPY=0``: SIGFPE) or
-refuses to start (``MXNET_CPU_TEMP_COPY=abc``). Imports nothing of MXNet."""
+refuses to start (``MXNET_CPU_TEMP_COPY=abc``). Also the CPUs this process can use
+(affinity mask and CPU quota). Imports nothing of MXNet."""
 import os
 import platform
+import sys
 
+from .cgroups import cpu_quota
 from .errors import UserError
 
 THREADS_PER_CORE = 16  # far above any useful setting, far below what the machine cannot make
@@ -20,13 +23,31 @@ MAX_POOL_COPIES = 1024
 ENGINES = ("NaiveEngine", "ThreadedEngine", "ThreadedEnginePerDevice")
 
 
-def usable_cpus():
+def affinity_cpus():
     """The logical CPUs this process may run on: its affinity mask (a container's cpuset,
     ``taskset``), which ``os.cpu_count()`` ignores, else the machine's count."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity call on this platform
         return os.cpu_count() or 1
+
+
+def usable_cpus():
+    """The CPUs this process can keep busy: :func:`affinity_cpus`, at most the whole CPUs
+    its CPU quota allows (a container's ``--cpus`` on a larger host, a job's CPU limit),
+    which neither ``os.cpu_count()`` nor the affinity mask shows."""
+    quota = cpu_quota()
+    return min(affinity_cpus(), quota) if quota else affinity_cpus()
+
+
+def fit_threads_to_cpu_quota():
+    """Without ``OMP_NUM_THREADS``, MXNet gives each operator half the CPUs of the
+    affinity mask, blind to a CPU quota: on a 64-CPU host a container of 4 CPUs would
+    run 32 threads an operator. Where a quota is tighter than the mask, set the variable
+    to half the quota's CPUs (at least 1), as MXNet would choose on a machine of that
+    size. Does nothing once MXNet is imported (it reads the variable when it starts)."""
+    if "OMP_NUM_THREADS" not in os.environ and "mxnet" not in sys.modules and usable_cpus() < affinity_cpus():
+        os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // 2))
 
 
 def _cpuinfo_line(prefixes):
@@ -52,7 +73,7 @@ def cpu_model():
 
 def whole_numbers():
     """``{variable: (lowest, highest, why)}`` of the whole numbers MXNet reads at start."""
-    most = THREADS_PER_CORE * usable_cpus()
+    most = THREADS_PER_CORE * affinity_cpus()
     per_core = f" ({THREADS_PER_CORE} per core)"
     return {**{name: (1, most, per_core) for name in THREAD_COUNTS},
             "MXNET_KVSTORE_REDUCTION_NTHREADS": (0, most, per_core),

@@ -4,27 +4,21 @@ state at its batch size, ensembles): a refusal in one line with the figure and w
 free, instead of the OOM killer or "Failed to allocate CPU Memory" half a minute in."""
 import os
 
+from .cgroups import CGROUP_ROOT, cgroup_dirs, read_file
 from .errors import UserError
 
-CGROUP_ROOT = "/sys/fs/cgroup"
 UNLIMITED = 2 ** 60  # cgroup v1 writes "no limit" as 9223372036854771712, v2 as "max"
-
-
-def _read(path, default=None):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return default
+MEMORY_FILES = {1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),  # by cgroup version
+                2: ("memory.max", "memory.current", "inactive_file")}
 
 
 def _cgroup_free(directory, limit_file, usage_file, cache_key):
     """Limit - usage (page cache the kernel can drop not counted as used) of one cgroup
     directory, or None when it sets no limit."""
-    limit, usage = _read(os.path.join(directory, limit_file)), _read(os.path.join(directory, usage_file))
+    limit, usage = read_file(os.path.join(directory, limit_file)), read_file(os.path.join(directory, usage_file))
     if limit is None or usage is None or limit.strip() == "max" or int(limit) >= UNLIMITED:
         return None
-    stat = dict(line.split() for line in (_read(os.path.join(directory, "memory.stat"), "")).splitlines()
+    stat = dict(line.split() for line in (read_file(os.path.join(directory, "memory.stat"), "")).splitlines()
                 if len(line.split()) == 2)
     return max(0, int(limit) - (int(usage) - int(stat.get(cache_key, 0))))
 
@@ -32,29 +26,16 @@ def _cgroup_free(directory, limit_file, usage_file, cache_key):
 def cgroup_free(proc_cgroup="/proc/self/cgroup", root=CGROUP_ROOT):
     """The least free memory under the memory limits of this process's cgroup and its
     ancestors, v1 (``memory`` controller) or v2 (unified); None when none sets a limit."""
-    frees = []
-    for line in (_read(proc_cgroup, "")).splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):  # v1
-            base, files = os.path.join(root, "memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes",
-                                                        "total_inactive_file")
-        elif controllers == "":  # v2
-            base = os.path.join(root, "unified") if os.path.isdir(os.path.join(root, "unified")) else root
-            files = ("memory.max", "memory.current", "inactive_file")
-        else:
-            continue
-        parts = [p for p in path.strip().split("/") if p]
-        for depth in range(len(parts), -1, -1):
-            free = _cgroup_free(os.path.join(base, *parts[:depth]), *files)
-            if free is not None:
-                frees.append(free)
+    frees = [_cgroup_free(directory, *MEMORY_FILES[version])
+             for version, directory in cgroup_dirs("memory", proc_cgroup, root)]
+    frees = [free for free in frees if free is not None]
     return min(frees) if frees else None
 
 
 def host_available():
     """Bytes this process may still allocate on the host: the kernel's MemAvailable,
     lowered to what the cgroup memory limits leave (a container's or a job's cap)."""
-    meminfo = _read("/proc/meminfo", "")
+    meminfo = read_file("/proc/meminfo", "")
     free = next((int(l.split()[1]) * 1024 for l in meminfo.splitlines() if l.startswith("MemAvailable:")), UNLIMITED)
     limited = cgroup_free()
     return free if limited is None else min(free, limited)
