@@ -10,7 +10,7 @@ import time
 import mxnet as mx
 
 from gluon_gpu.data import load_dataset
-from gluon_gpu.data.pipelines import LoaderPipeline
+from gluon_gpu.data import LoaderPipeline
 
 rec, shape = sys.argv[1], tuple(int(v) for v in sys.argv[2].split(","))
 res = {}

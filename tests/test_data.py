@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gluon_gpu.data import fashion_mnist as data
-from gluon_gpu.data import pipelines
+from gluon_gpu.data import DevicePipeline, epoch_order, pipelines
 
 from conftest import fashion_transform, write_idx
 from gluon_gpu.core.errors import DataError
@@ -118,11 +118,11 @@ def test_explicit_data_dir_must_hold_the_files(tmp_path):
 
 
 def test_epoch_order_is_seeded_and_changes_per_epoch():
-    a, b = pipelines.epoch_order(100, 3, 0), pipelines.epoch_order(100, 3, 0)
+    a, b = epoch_order(100, 3, 0), epoch_order(100, 3, 0)
     assert (a == b).all() and sorted(a) == list(range(100))
-    assert (a != pipelines.epoch_order(100, 3, 1)).any()
-    assert (a != pipelines.epoch_order(100, 4, 0)).any()
-    assert (pipelines.epoch_order(5, 3, 0, shuffle=False) == np.arange(5)).all()
+    assert (a != epoch_order(100, 3, 1)).any()
+    assert (a != epoch_order(100, 4, 0)).any()
+    assert (epoch_order(5, 3, 0, shuffle=False) == np.arange(5)).all()
 
 
 @pytest.mark.parametrize("n_ctx", [1, 2])
@@ -161,7 +161,7 @@ def test_in_graph_normalization_is_the_tutorials(train_slice):
 def test_device_pipeline_shards_live_on_their_devices(train_slice):
     import mxnet as mx
     ctx = [mx.cpu(0), mx.cpu(1)]
-    pipe = pipelines.DevicePipeline(train_slice[0][:300], train_slice[1][:300], 256, ctx)
+    pipe = DevicePipeline(train_slice[0][:300], train_slice[1][:300], 256, ctx)
     shapes = [[s.shape[0] for s in xs] for xs, _ in pipe.epoch(0)]
     assert shapes == [[128, 128], [22, 22]]
     xs, _ = next(pipe.epoch(0))

@@ -332,7 +332,7 @@ def test_temporaries_of_a_killed_write_are_removed_by_the_next_writer(runs, tmp_
 LOADER_PROBE = """
 import glob, os, numpy as np
 from mxnet import gluon
-from gluon_gpu.data.pipelines import LoaderPipeline
+from gluon_gpu.data import LoaderPipeline
 dataset = gluon.data.ArrayDataset(np.zeros((512, 1, 8, 8), np.float32), np.zeros(512, np.float32))
 pipeline = LoaderPipeline(dataset, 64, num_workers=4)
 for _ in pipeline.epoch(0):

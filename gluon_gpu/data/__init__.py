@@ -7,7 +7,10 @@ from .arrays import Dataset, from_arrays, from_gluon, read_npz
 from .fashion_mnist import read_fashion_mnist
 from .folders import read_folder
 from .recordio import read_rec
-from .pipelines import PIPELINES, DevicePipeline, LoaderPipeline, epoch_order, make_pipeline
+from .batch_order import epoch_order
+from .device_pipeline import DevicePipeline
+from .loader_pipeline import LoaderPipeline
+from .pipelines import PIPELINES, make_pipeline
 from .spec import DataSpec
 
 DatasetKind = namedtuple("DatasetKind", "read what")

@@ -17,7 +17,7 @@ from ..core.errors import DataError
 from ..core.memory import check_fits
 from .arrays import Dataset
 from .images import decode
-from .pipelines import start_loader
+from .loader_pipeline import start_loader
 from .spec import DataSpec, channel_stats, input_scale
 
 STATS_SAMPLES = 1024  # images that give the mean and std: exact below it, a close estimate above

@@ -16,7 +16,8 @@ from ..core.precision import check_precision, precision_for
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
 from ..data.augment import describe, make_augment
 from ..data.mixing import describe as describe_mixing, make_mixing
-from ..data.pipelines import choose_pipeline, device_copy_bytes, device_only
+from ..data.device_pipeline import device_copy_bytes
+from ..data.pipelines import choose_pipeline, device_only
 from ..models import init_model
 from ..models.member_stack import pipeline_layout
 from ..models.sync_bn import use_sync_batchnorm

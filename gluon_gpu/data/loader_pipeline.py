@@ -1,0 +1,88 @@
+"""The loader pipeline (``--pipeline loader``): Gluon's ``DataLoader`` over any
+``gluon.data.Dataset`` (arrays in memory, or images its worker processes read from
+disk), in the device pipeline's order, with its augmentation and mixing parameters:
+host batches the step cuts over the devices, normalized by the same in-graph
+transform. For data that does not fit on the devices."""
+import multiprocessing.util
+
+import numpy as np
+from mxnet import gluon, nd
+
+from .batch_order import epoch_order, whole_global_batches
+
+
+class _EpochSampler(gluon.data.Sampler):
+    """Batch sampler over :func:`epoch_order`, cut as :class:`DevicePipeline` cuts it
+    (``shard``: this worker's slice of each global batch); ``set_epoch`` picks the
+    permutation and, mixing, each sample's partner: a batch is then its samples followed
+    by their partners."""
+
+    def __init__(self, n, batch_size, seed, shuffle, shard=(0, 1)):
+        self.total, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
+        self.rank, self.workers = shard
+        self.n = whole_global_batches(n, batch_size, self.workers)
+        self.epoch, self.start_batch, self.partner = 0, 0, None
+
+    def set_epoch(self, epoch, start_batch=0, partner=None):
+        self.epoch, self.start_batch, self.partner = epoch, start_batch, partner
+
+    def __iter__(self):
+        order = epoch_order(self.total, self.seed, self.epoch, self.shuffle)[:self.n]
+        step = self.batch_size * self.workers
+        for batch in range(self.start_batch, len(self)):
+            lo = min(batch * step + self.rank * self.batch_size, self.n)
+            own = order[lo:lo + self.batch_size]
+            yield (own if self.partner is None else np.concatenate([own, self.partner[own]])).tolist()
+
+    def __len__(self):
+        return -(-self.n // (self.batch_size * self.workers))
+
+
+class LoaderPipeline:
+    """Gluon's ``DataLoader`` over ``dataset`` (any ``gluon.data.Dataset`` of
+    ``(input, target)`` samples: arrays in memory, or images its ``num_workers`` worker
+    processes read from disk), in :func:`epoch_order`; yields host batches that the step
+    cuts over the devices. ``shard=(rank, workers)``: this worker's slice of every global
+    batch, the only samples it reads."""
+
+    turns = 1
+
+    def __init__(self, dataset, batch_size, seed=0, shuffle=True, num_workers=0, augment=None, mixing=None,
+                 shard=(0, 1)):
+        self.n, self.augment, self.mixing = len(dataset), augment, mixing
+        self._sampler = _EpochSampler(self.n, batch_size, seed, shuffle, shard)
+        self._loader = start_loader(dataset, num_workers, batch_sampler=self._sampler)
+
+    def __len__(self):
+        return len(self._sampler)
+
+    def epoch(self, epoch, start_batch=0):
+        seed = self._sampler.seed
+        mix = self.mixing.table(self.n, seed, epoch) if self.mixing is not None else None
+        self._sampler.set_epoch(epoch, start_batch, None if mix is None else mix[0])
+        table = self.augment.table(self.n, seed, epoch) if self.augment is not None else None
+        if mix is None and table is None:
+            return iter(self._loader)
+        return self._with_parameters(table, mix)
+
+    def _with_parameters(self, table, mix):
+        """The loader's batches with their augmentation (and mixing) parameters; mixing,
+        its batches of samples then partners become pairs."""
+        for (x, y), indices in zip(self._loader, self._sampler):
+            if mix is None:
+                yield x, y, nd.array(table[indices])
+                continue
+            n = len(indices) // 2
+            augs = None if table is None else nd.array(np.stack([table[indices[:n]], table[indices[n:]]], axis=1))
+            yield (nd.stack(x[:n], x[n:], axis=1), nd.stack(y[:n], y[n:], axis=1), augs,
+                   nd.array(mix[1][indices[:n]]))
+
+
+def start_loader(dataset, num_workers, **options):
+    """Gluon's DataLoader. Its worker processes each made a temporary directory
+    (``pymp-*``, for the sockets that pass shared memory) and, stopped at exit, never
+    removed it (2 runs of 3 left some behind). Made here first, this process's is the one
+    the workers inherit, and multiprocessing removes it at exit, after the workers."""
+    if num_workers:
+        multiprocessing.util.get_temp_dir()
+    return gluon.data.DataLoader(dataset, num_workers=num_workers, **options)
