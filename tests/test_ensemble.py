@@ -370,7 +370,7 @@ def test_ensemble_run_resumes(ensemble_run, tmp_path):
     (["--ensemble", "2", "--model", "resnet50_v1b_gn", "--ensemble-layout", "fused"],
      "resnet50_v1b_gn cannot be fused: its layer bn1 (GroupNorm) has no fused form"),
     (["--ensemble", "2", "--ensemble-layout", "grouped"], "invalid choice"),
-    (["--ensemble", "2", "--pipeline", "loader"], "needs --pipeline device"),
+    (["--ensemble", "2", "--pipeline", "loader"], "these members draw their own samples (an ensemble's seeds"),
     (["--ensemble", "2", "--devices", "cpu*4", "--batch-size", "3"], "smaller than the 4 devices"),
 ])
 def test_bad_ensemble_flags(tmp_path, capsys, args, message):

@@ -139,7 +139,9 @@ def test_the_device_pipeline_s_copies_are_checked_against_the_cap(tmp_path):
     """An npz of 173 MB of float32 images on cpu*8: the device pipeline would copy it to
     each of the eight contexts (1.4 GB more) under a cap that leaves about half that; the
     refusal says to use the loader pipeline, which --pipeline auto (the default) then
-    chooses, saying why, and trains under the same cap."""
+    chooses, saying why, and trains under the same cap; so does a sweep of eight
+    members, one per context, each batch read once for all of them (under a cap that
+    leaves room for their training state)."""
     rng = np.random.default_rng(0)
     path = str(tmp_path / "big.npz")
     np.savez(path, x_train=rng.random((3000, 1, 120, 120), dtype=np.float32), y_train=rng.integers(0, 2, 3000),
@@ -156,6 +158,15 @@ def test_the_device_pipeline_s_copies_are_checked_against_the_cap(tmp_path):
     plan = proc.stdout.splitlines()[0]
     assert ", pipeline loader (auto: 8 copies of 168 MiB would not fit in the " in plan, plan
     assert plan.split(" would not fit in the ")[1].startswith(tuple("0123456789")) and "the host has free)" in plan
+    # eight members' training state is about 300 MB more (1.25 GiB in all, measured): a cap of 1600 MiB,
+    # which the eight copies still do not fit in
+    proc, out = _capped_train(tmp_path / "sweep", 1600 * MiB, *common, "--sweep", "lr=0.01,0.02,0.05,0.1 wd=0,1e-4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = proc.stdout.splitlines()[0]
+    assert plan.startswith("gluon_gpu ") and "sweep of 8 x mlp (devices layout)" in plan, plan
+    assert ", pipeline loader (auto: 8 copies of 168 MiB would not fit in the " in plan, plan
+    with open(os.path.join(out, "sweep.csv")) as f:
+        assert len(f.read().strip().splitlines()) == 9  # a header and every member
 
 
 def test_auto_keeps_the_data_on_the_devices_when_it_fits(tmp_path, capsys):
@@ -163,7 +174,7 @@ def test_auto_keeps_the_data_on_the_devices_when_it_fits(tmp_path, capsys):
     devices, and the plan line says so with the figures; an ensemble needs the device
     pipeline whatever the memory."""
     for flags, said in (([], "pipeline device (auto: 2 copies of "), (["--ensemble", "2"],
-                                                                       "pipeline device (auto: an ensemble needs it)")):
+                                                                       "pipeline device (auto: members that draw their own samples need it)")):
         assert train.main(["--devices", "cpu*2", "--limit", "512", "--dry-run", "--out", str(tmp_path / "r")]
                           + flags) == 0
         plan = capsys.readouterr().out.splitlines()[0]

@@ -17,7 +17,7 @@ import pytest
 from gluon_gpu import load_model
 from gluon_gpu.core.loop import fit
 from gluon_gpu.core.pruning import Pruning
-from gluon_gpu.data import load_dataset
+from gluon_gpu.data import LoaderPipeline, load_dataset
 from gluon_gpu.programs import evaluate, predict, train
 from gluon_gpu.programs.config import RunConfig
 from gluon_gpu.programs.run import build_run
@@ -93,6 +93,19 @@ def test_members_of_one_seed_share_each_batch_and_train_as_alone(small_data, lay
     data, labels = next(iter(run.train.epoch(0)))
     assert run.train.shared and len(data) == len(run.dp.net.groups)
     assert all(x.shape == (128, 1, 1, 28, 28) for x in data) and all(y.shape == (128, 1) for y in labels)
+    assert_members_train_as_alone(config, member_configs(config), small_data)
+
+
+@pytest.mark.parametrize("layout,devices", [("devices", "cpu*2"), ("separate", "cpu")])
+def test_a_sweep_of_one_seed_streams_through_the_loader_each_member_as_alone(small_data, layout, devices):
+    """`--pipeline loader` (data that does not fit in memory): the loader reads each batch
+    once, ``(n, 1, ...)`` for every member, and each member trains as its configuration
+    alone (streamed too)."""
+    config = RunConfig(devices=devices, sweep="lr=0.05,0.2 wd=0,1e-3", momentum=0.9, seed=3, epochs=2,
+                       batch_size=128, ensemble_layout=layout, pipeline="loader")
+    run = build_run(config, [mx.cpu(i) for i in range(2 if devices == "cpu*2" else 1)], data=small_data)
+    data, labels = next(iter(run.train.epoch(0)))
+    assert isinstance(run.train, LoaderPipeline) and data.shape == (128, 1, 1, 28, 28) and labels.shape == (128, 1)
     assert_members_train_as_alone(config, member_configs(config), small_data)
 
 
@@ -284,6 +297,10 @@ def test_a_pruned_sweep_stopped_mid_epoch_resumes_to_the_straight_run(tmp_path):
     (["--sweep", "warmup-epochs=0,5", "--epochs", "3"],
      "--sweep member 1 (warmup-epochs=5): --warmup-epochs 5 leaves no epoch of training after it"),
     (["--sweep", "momentum=0,0.9", "--optimizer", "adam"], "--sweep member 1 (momentum=0.9): --momentum applies to"),
+    (["--sweep", "seed=1,2", "--pipeline", "loader"], "--pipeline loader reads each batch once for members that share "
+                                                      "it; these members draw their own samples"),
+    (["--sweep", "lr=0.1,0.2", "--pipeline", "loader", "--ensemble-layout", "sequential"],
+     "--pipeline loader with --ensemble-layout sequential would read the data once per member: use"),
 ])
 def test_bad_sweep_flags_are_one_line_and_exit_2(tmp_path, capsys, args, message):
     assert table_exit("a `--sweep` that cannot be", train.main(["--out", str(tmp_path / "r"), "--devices", "cpu",

@@ -1,6 +1,6 @@
 """The order of an epoch's samples and the part of it a distributed job's worker takes:
 functions of (seed, epoch) alone, so every pipeline, every worker and a resumed run
-see the same batches without saved random state."""
+see the same batches without saved random state; and which members share them."""
 import numpy as np
 
 from ..core.errors import UserError
@@ -12,6 +12,18 @@ def epoch_order(n, seed, epoch, shuffle=True):
     if not shuffle:
         return np.arange(n)
     return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def member_seeds(seed, members, seeds=None):
+    """Each member's seed: ``seeds`` as given, else an ensemble's ``seed + k``."""
+    return list(seeds) if seeds is not None else [seed + k for k in range(members)]
+
+
+def shared_batches(members, seeds, mixing=None):
+    """Whether ``members`` (of ``seeds``) train on the same batches: one seed draws one
+    order (a sweep that does not vary the seed), and none mixes (each member's partners
+    and weights are its own). The pipelines then read each batch once for them all."""
+    return members > 1 and len(set(seeds)) == 1 and mixing is None
 
 
 def whole_global_batches(n, batch_size, workers):

@@ -19,7 +19,7 @@ from mxnet import nd
 from ..core.devices import shard_bounds
 from ..core.errors import UserError
 from ..core.memory import check_fits
-from .batch_order import epoch_order, whole_global_batches
+from .batch_order import epoch_order, member_seeds, shared_batches, whole_global_batches
 
 
 class DevicePipeline:
@@ -46,9 +46,9 @@ class DevicePipeline:
         self.augment, self.mixing, self.mix_alphas = augment, mixing, mix_alphas
         self.n, self.batch_size, self.ctx = len(inputs), batch_size, list(ctx)
         self.seed, self.shuffle, self.members = seed, shuffle, members
-        self.seeds = list(seeds) if seeds is not None else [seed + k for k in range(members)]
+        self.seeds = member_seeds(seed, members, seeds)
         self.member_groups = member_groups
-        self.shared = bool(member_groups) and members > 1 and len(set(self.seeds)) == 1 and mixing is None
+        self.shared = bool(member_groups) and shared_batches(members, self.seeds, mixing)
         self.turns = len(member_groups) if in_turns else 1
         self.rank, self.workers = shard
         self.n = whole_global_batches(self.n, batch_size, self.workers)

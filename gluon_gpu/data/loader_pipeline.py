@@ -43,13 +43,15 @@ class LoaderPipeline:
     ``(input, target)`` samples: arrays in memory, or images its ``num_workers`` worker
     processes read from disk), in :func:`epoch_order`; yields host batches that the step
     cuts over the devices. ``shard=(rank, workers)``: this worker's slice of every global
-    batch, the only samples it reads."""
+    batch, the only samples it reads. ``member_columns=C``: batches for members that
+    share them (batch_order.shared_batches) gain a member axis of C columns: 1 in
+    training (every member trains on the one), K to evaluate K members."""
 
     turns = 1
 
     def __init__(self, dataset, batch_size, seed=0, shuffle=True, num_workers=0, augment=None, mixing=None,
-                 shard=(0, 1)):
-        self.n, self.augment, self.mixing = len(dataset), augment, mixing
+                 shard=(0, 1), member_columns=0):
+        self.n, self.augment, self.mixing, self.member_columns = len(dataset), augment, mixing, member_columns
         self._sampler = _EpochSampler(self.n, batch_size, seed, shuffle, shard)
         self._loader = start_loader(dataset, num_workers, batch_sampler=self._sampler)
 
@@ -62,8 +64,13 @@ class LoaderPipeline:
         self._sampler.set_epoch(epoch, start_batch, None if mix is None else mix[0])
         table = self.augment.table(self.n, seed, epoch) if self.augment is not None else None
         if mix is None and table is None:
-            return iter(self._loader)
+            return self._with_member_axis() if self.member_columns else iter(self._loader)
         return self._with_parameters(table, mix)
+
+    def _with_member_axis(self):
+        """The loader's batches as members take them: ``(n, C, ...)``, labels ``(n, C)``."""
+        for batch in self._loader:
+            yield tuple(nd.repeat(a.expand_dims(1), repeats=self.member_columns, axis=1) for a in batch)
 
     def _with_parameters(self, table, mix):
         """The loader's batches with their augmentation (and mixing) parameters; mixing,

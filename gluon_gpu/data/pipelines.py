@@ -14,6 +14,7 @@ from mxnet import gluon
 
 from ..core.errors import UserError
 from ..core.memory import available_bytes, gib, shortfall
+from .batch_order import member_seeds, shared_batches
 from .device_pipeline import DevicePipeline, device_copy_bytes
 from .loader_pipeline import LoaderPipeline
 
@@ -40,9 +41,22 @@ def choose_pipeline(kind, copy_bytes, ctx, device_only=None, on_disk=False):
     return "device", f"auto: {copies} fit in the {gib(available_bytes(devices[0]))} free"
 
 
-def device_only(members):
-    """Why a run can use the device pipeline only, or None."""
-    return "an ensemble needs it" if members > 1 else None
+def device_only(members, shared=False):
+    """Why a run can use the device pipeline only, or None: members that do not share
+    their batches (``shared``: batch_order.shared_batches) each gather their own."""
+    return "members that draw their own samples need it" if members > 1 and not shared else None
+
+
+def check_loader_members(members, shared, in_turns):
+    """Refuse members the loader pipeline cannot feed: it reads each batch once, for
+    members that share it, side by side."""
+    if members > 1 and not shared:
+        raise UserError("`pipeline` loader reads each batch once for members that share it; these members draw "
+                        "their own samples (an ensemble's seeds, a `sweep` over seed or with mixing): use "
+                        "`pipeline` device")
+    if members > 1 and in_turns:
+        raise UserError("`pipeline` loader with `ensemble_layout` sequential would read the data once per member: "
+                        "use `ensemble_layout` devices or separate")
 
 
 def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, num_workers=0,
@@ -52,11 +66,12 @@ def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, 
     and ``targets`` (``auto``: see :func:`choose_pipeline`); ``augment``, ``mixing``: its
     batches carry their parameters."""
     on_disk = hasattr(inputs, "decode_all")
-    kind, _ = choose_pipeline(kind, device_copy_bytes(inputs, targets), ctx, device_only(members), on_disk)
+    shared = shared_batches(members, member_seeds(seed, members, seeds), mixing)
+    kind, _ = choose_pipeline(kind, device_copy_bytes(inputs, targets), ctx, device_only(members, shared), on_disk)
     if kind == "loader":
-        if members > 1:
-            raise UserError("`ensemble` needs `pipeline` device")
+        check_loader_members(members, shared, in_turns)
         dataset = inputs if on_disk else gluon.data.ArrayDataset(inputs, targets.astype(np.float32))
-        return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers, augment, mixing, shard)
+        columns = (1 if member_groups else members) if members > 1 else 0  # training: one shared column
+        return LoaderPipeline(dataset, batch_size, seed, shuffle, num_workers, augment, mixing, shard, columns)
     return DevicePipeline(inputs, targets, batch_size, ctx, seed, shuffle, members, shard, member_groups, in_turns,
                           augment, mixing, num_workers, seeds, mix_alphas)

@@ -16,6 +16,7 @@ from ..core.precision import check_precision, precision_for
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
 from ..data.augment import describe, make_augment
 from ..data.mixing import describe as describe_mixing, make_mixing
+from ..data.batch_order import member_seeds, shared_batches
 from ..data.device_pipeline import device_copy_bytes
 from ..data.pipelines import choose_pipeline, device_only
 from ..models import init_model
@@ -97,7 +98,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         _check_sync_bn_batches(len(data.train_y), config.batch_size * shard[1], len(ctx))
     pipeline, why = choose_pipeline(config.pipeline, sum(device_copy_bytes(x, y) for x, y in (
         (data.train_x, data.train_y), (data.val_x, data.val_y))), layout.train_ctx,
-        device_only(members), data.on_disk)
+        device_only(members, shared_batches(members, member_seeds(config.seed, members, seeds), mixing)),
+        data.on_disk)
     workers = default_workers(ctx) if config.num_workers is None else config.num_workers
     pipes = pipelines or [
         make_pipeline(pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train, num_workers=workers,
