@@ -109,6 +109,17 @@ def test_a_sweep_of_one_seed_streams_through_the_loader_each_member_as_alone(sma
     assert_members_train_as_alone(config, member_configs(config), small_data)
 
 
+@pytest.mark.parametrize("pipeline,layout,devices", [("device", "devices", "cpu*2"), ("loader", "devices", "cpu*2"),
+                                                    ("device", "separate", "cpu")])
+def test_a_sweep_of_one_seed_augments_each_batch_once_each_member_as_alone(small_data, pipeline, layout, devices):
+    """`--augment` with a sweep of one seed: the members share each batch and its
+    augmentation (one draw per sample, from the seed), augmented once per device; each
+    member trains as its configuration alone, augmented alike."""
+    config = RunConfig(devices=devices, sweep="lr=0.05,0.2 wd=0,1e-3", momentum=0.9, seed=3, epochs=2,
+                       batch_size=128, ensemble_layout=layout, pipeline=pipeline, augment="flip,crop=2")
+    assert_members_train_as_alone(config, member_configs(config), small_data)
+
+
 @pytest.mark.parametrize("spec,layout,devices", [("mixup=0.2,0.4 lr=0.05,0.1", "devices", "cpu*2"),
                                                  ("mixup=0.2,1 seed=1,2", "separate", "cpu"),
                                                  ("cutmix=0.5,1", "devices", "cpu*2")])
@@ -293,7 +304,9 @@ def test_a_pruned_sweep_stopped_mid_epoch_resumes_to_the_straight_run(tmp_path):
     (["--sweep", "lr=0.1,0.2", "--ensemble", "2"], "--sweep with --ensemble"),
     (["--sweep", "lr=0.1,0.2", "--ensemble-layout", "fused"], "--sweep with --ensemble-layout fused"),
     (["--sweep", "lr=0.1,0.2", "--early-stop", "2"], "--early-stop with --sweep"),
-    (["--sweep", "lr=0.1,0.2", "--augment", "flip"], "--augment does not apply to an --ensemble or a --sweep yet"),
+    (["--sweep", "seed=1,2", "--augment", "flip"], "--augment applies to members that share their batches (a --sweep "
+                                                   "of one seed that does not mix), not to an --ensemble"),
+    (["--sweep", "lr=0.1,0.2", "--ema", "0.99"], "--ema does not apply to an --ensemble or a --sweep yet"),
     (["--sweep", "warmup-epochs=0,5", "--epochs", "3"],
      "--sweep member 1 (warmup-epochs=5): --warmup-epochs 5 leaves no epoch of training after it"),
     (["--sweep", "momentum=0,0.9", "--optimizer", "adam"], "--sweep member 1 (momentum=0.9): --momentum applies to"),

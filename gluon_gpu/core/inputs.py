@@ -16,20 +16,21 @@ class TrainingInputs:
     def blocks(self):
         return [b for b in (self.augment, self.mixing) if b is not None]
 
-    def shards(self, xs, ctx, augmentation=None, mixing=None):
+    def shards(self, xs, ctx, augmentation=None, mixing=None, whole=False):
         """``(per device: the tuple of extra graph inputs, mixed)``. ``augmentation``: a row
         of parameters per sample (per pair member when mixing), split as the data or, not
         given, drawn here by numpy (then not a function of the sample); ``mixing``: a row
-        per pair, from the pipeline (mixed batches hold pairs)."""
+        per pair, from the pipeline (mixed batches hold pairs). ``whole``: every device
+        takes the whole batch (placed members)."""
         if mixing is not None and self.mixing is None:
             raise ValueError("mixing parameters for a DataParallel made without `mixing`")
-        mixes = [None] * len(xs) if mixing is None else _split(mixing, ctx)
+        mixes = [None] * len(xs) if mixing is None else _split(mixing, ctx, whole)
         if self.augment is None:
             augs = [None] * len(xs)
         elif augmentation is None:
             augs = [None if x is None else self._draw(x, mixing is not None) for x in xs]
         else:
-            augs = _split(augmentation, ctx)
+            augs = _split(augmentation, ctx, whole)
         for x in (x for x in xs if x is not None and self.augment is not None):
             self.augment.check_batch(x.shape)
         return [tuple(a for a in pair if a is not None) for pair in zip(augs, mixes)], mixing is not None
@@ -40,5 +41,7 @@ class TrainingInputs:
         return nd.array(params.reshape(rows + (-1,)), ctx=x.context)
 
 
-def _split(batch, ctx):
-    return list(batch) if isinstance(batch, (list, tuple)) else split_batch(batch, ctx)
+def _split(batch, ctx, whole=False):
+    if isinstance(batch, (list, tuple)):
+        return list(batch)
+    return [batch.as_in_context(c) for c in ctx] if whole else split_batch(batch, ctx)

@@ -104,7 +104,7 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         ``return_loss=False``. ``augmentation``, ``mixing``: their parameters (inputs.py)."""
         self.gradients.check()
         xs, ys = self.split(data, label)
-        extras, mixed = self.inputs.shards(xs, self.ctx, augmentation, mixing)
+        extras, mixed = self.inputs.shards(xs, self.ctx, augmentation, mixing, whole=self.placed is not None)
         active = [g for g, x in enumerate(xs) if x is not None and (not self.placed or self.placed.members_of([g]))]
         if not active:  # placed members in turns, or stopped: the groups stepping
             return self._update() if flush and self.pending_batches else None

@@ -5,7 +5,8 @@ normalizes inside the hybridized step. No Python work per sample.
 
 With ``augment`` (on-device augmentation, augment.py) it yields a third list: each
 sample's row of augmentation parameters from ``augment.table`` (a function of seed,
-epoch and sample), cut as the data. With ``mixing`` (mixup, CutMix: mixing.py), in the
+epoch and sample), cut as the data (members that share their batches: ``(n, 1, P)``,
+the one augmentation they all train on). With ``mixing`` (mixup, CutMix: mixing.py), in the
 epochs it mixes, a batch holds pairs (each sample and its partner from
 ``mixing.table``): data ``(n, 2, ...)``, labels ``(n, 2)``, the augmentation (or None)
 ``(n, 2, P)``, and a fourth list, each pair's mixing parameters. An ensemble's or
@@ -41,14 +42,15 @@ class DevicePipeline:
     def __init__(self, inputs, targets, batch_size, ctx, seed=0, shuffle=True, members=1, shard=(0, 1),
                  member_groups=None, in_turns=False, augment=None, mixing=None, num_workers=0, seeds=None,
                  mix_alphas=None):
-        if augment is not None and members > 1:
-            raise UserError("`augment` does not apply to an `ensemble` yet")
         self.augment, self.mixing, self.mix_alphas = augment, mixing, mix_alphas
         self.n, self.batch_size, self.ctx = len(inputs), batch_size, list(ctx)
         self.seed, self.shuffle, self.members = seed, shuffle, members
         self.seeds = member_seeds(seed, members, seeds)
         self.member_groups = member_groups
         self.shared = bool(member_groups) and shared_batches(members, self.seeds, mixing)
+        if augment is not None and members > 1 and not self.shared:
+            raise UserError("`augment` applies to members that share their batches (a `sweep` of one seed that "
+                            "does not mix), not to an `ensemble` yet")
         self.turns = len(member_groups) if in_turns else 1
         self.rank, self.workers = shard
         self.n = whole_global_batches(self.n, batch_size, self.workers)
@@ -80,7 +82,7 @@ class DevicePipeline:
             order = order[:, 0]
         # The epoch's order goes to every device once; a batch is then views of it: no copy per batch.
         on_device = {c: nd.array(order, ctx=c, dtype="int32") for c in dict.fromkeys(self.ctx)}
-        table = self.augment.table(total, self.seed, epoch) if self.augment is not None else None
+        table = self.augment.table(total, self.seeds[0], epoch) if self.augment is not None else None
         augmentation = {c: nd.array(table, ctx=c) for c in dict.fromkeys(self.ctx)} if table is not None else {}
         partners = self._mix_tables(total, epoch)
         step = self.batch_size * self.workers

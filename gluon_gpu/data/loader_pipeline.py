@@ -63,14 +63,15 @@ class LoaderPipeline:
         mix = self.mixing.table(self.n, seed, epoch) if self.mixing is not None else None
         self._sampler.set_epoch(epoch, start_batch, None if mix is None else mix[0])
         table = self.augment.table(self.n, seed, epoch) if self.augment is not None else None
-        if mix is None and table is None:
-            return self._with_member_axis() if self.member_columns else iter(self._loader)
-        return self._with_parameters(table, mix)
+        batches = iter(self._loader) if mix is None and table is None else self._with_parameters(table, mix)
+        return self._with_member_axis(batches) if self.member_columns else batches
 
-    def _with_member_axis(self):
-        """The loader's batches as members take them: ``(n, C, ...)``, labels ``(n, C)``."""
-        for batch in self._loader:
-            yield tuple(nd.repeat(a.expand_dims(1), repeats=self.member_columns, axis=1) for a in batch)
+    def _with_member_axis(self, batches):
+        """``batches`` as members take them: data ``(n, C, ...)``, labels ``(n, C)``
+        (the augmentation, one row per sample, as it is)."""
+        for batch in batches:
+            yield tuple(nd.repeat(a.expand_dims(1), repeats=self.member_columns, axis=1) for a in batch[:2]) + \
+                tuple(batch[2:])
 
     def _with_parameters(self, table, mix):
         """The loader's batches with their augmentation (and mixing) parameters; mixing,

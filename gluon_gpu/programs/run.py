@@ -87,9 +87,12 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     mixing, mix_alphas = members_mixing(config, sweep, spec)
     if config.ema is not None and not config.ema > 0:
         raise UserError(f"`ema` {config.ema}: the decay must be above 0 (and below 1), e.g. 0.999")
-    for name, block in (("augment", augment), ("ema", config.ema)):
-        if block is not None and members > 1:
-            raise UserError(f"`{name}` does not apply to an `ensemble` or a `sweep` yet")
+    shared = shared_batches(members, member_seeds(config.seed, members, seeds), mixing)
+    if augment is not None and members > 1 and not shared:
+        raise UserError("`augment` applies to members that share their batches (a `sweep` of one seed that does not "
+                        "mix), not to an `ensemble` or a `sweep` over seed or with mixing yet")
+    if config.ema is not None and members > 1:
+        raise UserError("`ema` does not apply to an `ensemble` or a `sweep` yet")
     if config.no_wd:
         exclude_from_weight_decay(net)
     layout = pipeline_layout(net, ctx)
@@ -98,8 +101,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         _check_sync_bn_batches(len(data.train_y), config.batch_size * shard[1], len(ctx))
     pipeline, why = choose_pipeline(config.pipeline, sum(device_copy_bytes(x, y) for x, y in (
         (data.train_x, data.train_y), (data.val_x, data.val_y))), layout.train_ctx,
-        device_only(members, shared_batches(members, member_seeds(config.seed, members, seeds), mixing)),
-        data.on_disk)
+        device_only(members, shared), data.on_disk)
     workers = default_workers(ctx) if config.num_workers is None else config.num_workers
     pipes = pipelines or [
         make_pipeline(pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train, num_workers=workers,
