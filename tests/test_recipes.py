@@ -1,5 +1,7 @@
 """Recipes (--recipe, issue #26): a named bundle of flags, the user's own flags on top,
 spelled out on the plan line, recorded in the run so that --resume needs no lookup."""
+import os
+
 from gluon_gpu.programs import train
 from gluon_gpu.programs.recipes import RECIPES
 
@@ -34,6 +36,20 @@ def test_a_recipe_run_resumes_with_its_applied_flags(tmp_path):
     assert train.main(["--resume", out, "--epochs", "3", "--quiet"]) == 0
     metrics = read_metrics(out)
     assert len(metrics["epochs"]) == 3 and metrics["config"]["lr_mode"] == "step" and metrics["config"]["lr"] == 0.2
+
+
+def test_the_resnet_recipe_is_swept_without_its_moving_average(capsys, tmp_path):
+    """--ema 0 takes the recipe's moving average out (a sweep has none yet); its
+    augmentation stays, shared by the members of one seed."""
+    out = str(tmp_path / "r")
+    assert train.main(QUICK + ["--recipe", "resnet20", "--ema", "0", "--sweep", "lr=0.05,0.1", "--epochs", "2",
+                               "--limit", "256", "--val-limit", "100", "--warmup-epochs", "1", "--out", out]) == 0
+    plan = capsys.readouterr().out.splitlines()[0]
+    assert "sweep of 2 x cifar_resnet20_v1" in plan and "--ema 0 (recipe: 0.999)" in plan and "--warmup-epochs 1" in plan
+    assert "augment flip" in plan and ", ema " not in plan, plan
+    metrics = read_metrics(out)
+    assert [len(m) for m in (metrics["epochs"][0]["member_val_acc"], metrics["sweep"])] == [2, 2]
+    assert not os.path.exists(os.path.join(out, "ema.params"))
 
 
 def test_the_resnet_recipe_learns_on_a_slice(tmp_path):

@@ -110,7 +110,7 @@ def test_a_sweep_of_one_seed_streams_through_the_loader_each_member_as_alone(sma
 
 
 @pytest.mark.parametrize("pipeline,layout,devices", [("device", "devices", "cpu*2"), ("loader", "devices", "cpu*2"),
-                                                    ("device", "separate", "cpu")])
+                                                    ("device", "separate", "cpu"), ("device", "sequential", "cpu")])
 def test_a_sweep_of_one_seed_augments_each_batch_once_each_member_as_alone(small_data, pipeline, layout, devices):
     """`--augment` with a sweep of one seed: the members share each batch and its
     augmentation (one draw per sample, from the seed), augmented once per device; each

@@ -103,7 +103,8 @@ class DevicePipeline:
                      for c, i, r in zip(self.ctx, shards, rows)] if partners else shards  # (sample, partner) pairs
             batch = ([None if i is None else x.take(i) for x, i in zip(self._inputs, taken)],
                      [None if i is None else y.take(i) for y, i in zip(self._targets, taken)])
-            augs = [augmentation[c].take(i) for c, i in zip(self.ctx, taken)] if augmentation else None
+            augs = [None if i is None else augmentation[c].take(i) for c, i in zip(self.ctx, taken)] \
+                if augmentation else None
             if partners:
                 yield batch + (augs, [None if r is None else partners[c][1].take(r) for c, r in zip(self.ctx, rows)])
             else:

@@ -113,7 +113,8 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                           type=non_negative_float, metavar="ALPHA")
     ema: Optional[float] = _flag(None, "keep an exponential moving average of the weights with this decay "
                                  "(e.g. 0.999), validated each epoch and saved as ema.params; best.params takes it "
-                                 "when its --monitor figure is better", type=below_one, metavar="DECAY")
+                                 "when its --monitor figure is better (0: none, to take a recipe's out)",
+                                 type=below_one, metavar="DECAY")
     mixup_off_epochs: int = _flag(0, "the last N epochs without --mixup or --cutmix (GluonCV's --mixup-off-epoch)",
                                   type=non_negative_int, metavar="N")
     recipe: Optional[str] = _flag(None, "a named bundle of training flags (--recipe list shows them with "

@@ -85,13 +85,11 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
     augment = make_augment(config.augment, spec)
     mixing, mix_alphas = members_mixing(config, sweep, spec)
-    if config.ema is not None and not config.ema > 0:
-        raise UserError(f"`ema` {config.ema}: the decay must be above 0 (and below 1), e.g. 0.999")
     shared = shared_batches(members, member_seeds(config.seed, members, seeds), mixing)
     if augment is not None and members > 1 and not shared:
         raise UserError("`augment` applies to members that share their batches (a `sweep` of one seed that does not "
                         "mix), not to an `ensemble` or a `sweep` over seed or with mixing yet")
-    if config.ema is not None and members > 1:
+    if config.ema and members > 1:
         raise UserError("`ema` does not apply to an `ensemble` or a `sweep` yet")
     if config.no_wd:
         exclude_from_weight_decay(net)
