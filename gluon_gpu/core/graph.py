@@ -27,8 +27,8 @@ def make_step_graph(net, head, transform, precision, members, is_np, training, s
     both of each pair, mixes them, and weighs the partner's loss by ``1 - lam``; members
     mix their own pairs, ``x (n, K, 2, ...)``, ``y (n, K, 2)``, parameters ``(n, K, width)``.
     ``shared``: the members share one batch, ``x (n, 1, ...)``, ``y (n, 1)``. Members
-    augment only a batch they share (or a group of one its one column): augmented once
-    for all of them, parameters ``(n, 1, P)`` or ``(n, P)``."""
+    augment only batches of one column (one they share, or a lone member's): augmented
+    once for all of them, parameters ``(n, 1, P)`` or ``(n, P)``."""
     kind = StepGraph if isinstance(net, gluon.HybridBlock) else EagerStepGraph
     graph = kind(prefix="")
     graph.net, graph.transform = net, transform
