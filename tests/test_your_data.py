@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from gluon_gpu.core.parallel import DataParallel
+from gluon_gpu.data import sources
 from gluon_gpu.models import init_model
 from gluon_gpu.programs import evaluate, predict, train
 
@@ -43,9 +44,16 @@ def test_an_image_folder_of_colour_images_trains_well_above_chance(folder_run):
     assert "val_top5" not in record["epochs"][-1]  # 3 classes: no top-5
 
 
-def test_evaluate_and_predict_need_no_data_flags(folder_run, image_folder, capsys):
+def test_evaluate_and_predict_need_no_data_flags(folder_run, image_folder, capsys, monkeypatch):
+    """They find the run's data themselves; evaluate decodes its validation split, and of
+    the training split nothing."""
+    decoded, decode_all = [], sources.ImageSource.decode_all
+    monkeypatch.setattr(sources.ImageSource, "decode_all",
+                        lambda self, *a, **k: decoded.append((os.path.basename(self.where), len(self)))
+                        or decode_all(self, *a, **k))
     code, out, _ = run_cli(evaluate, ["--params", os.path.join(folder_run, "net.params"), "--devices", "cpu"], capsys)
     assert code == 0
+    assert sorted(decoded) == [("train", 0), ("val", 60)], decoded  # 3 classes x 20 validation images
     assert float(out.split(" acc ")[1].split()[0]) == pytest.approx(read_metrics(folder_run)["epochs"][-1]["val_acc"],
                                                                     abs=1e-4)
     files = [os.path.join(image_folder, "val", c, "0.png") for c in FOLDER_CLASSES]
