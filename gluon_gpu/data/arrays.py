@@ -39,13 +39,13 @@ class Dataset:
         return Dataset(first(self.train_x, limit), train_y, first(self.val_x, val_limit), self.val_y[:val_limit],
                        replace(self.spec, samples=len(train_y)))
 
-    def decoded(self, num_workers=0):
+    def decoded(self, num_workers=0, val=True):
         """This data with its inputs in memory (images on disk decoded by ``num_workers``
-        processes)."""
+        processes); ``val=False``: the validation images stay on disk (read as used)."""
         if not self.on_disk:
             return self
-        return Dataset(self.train_x.decode_all(num_workers), self.train_y, self.val_x.decode_all(num_workers),
-                       self.val_y, self.spec)
+        val_x = self.val_x.decode_all(num_workers) if val else self.val_x
+        return Dataset(self.train_x.decode_all(num_workers), self.train_y, val_x, self.val_y, self.spec)
 
 
 def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=None, std=None,

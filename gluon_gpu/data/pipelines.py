@@ -66,7 +66,8 @@ def make_pipeline(kind, inputs, targets, batch_size, ctx, seed=0, shuffle=True, 
     and ``targets`` (``auto``: see :func:`choose_pipeline`); ``augment``, ``mixing``: its
     batches carry their parameters."""
     on_disk = hasattr(inputs, "decode_all")
-    shared = shared_batches(members, member_seeds(seed, members, seeds), mixing)
+    orders = member_seeds(seed, members, seeds) if shuffle else [seed] * members  # unshuffled: one order for all
+    shared = shared_batches(members, orders, mixing)
     kind, _ = choose_pipeline(kind, device_copy_bytes(inputs, targets), ctx, device_only(members, shared), on_disk)
     if kind == "loader":
         check_loader_members(members, shared, in_turns)

@@ -85,6 +85,14 @@ class ImageSource(gluon.data.Dataset):
             start += len(batch)
 
 
+def sample_batches(x, batch_size, num_workers=0):
+    """``(start, batch)`` over the samples ``x`` in order, ``batch_size`` at a time: an
+    array's slices, or an image source's images decoded a batch at a time (never all)."""
+    if isinstance(x, ImageSource):
+        return x.batches(num_workers, batch_size)
+    return ((start, x[start:start + batch_size]) for start in range(0, len(x), batch_size))
+
+
 class _Images(gluon.data.Dataset):
     """The images of a source without their labels."""
 

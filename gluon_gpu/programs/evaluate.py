@@ -10,7 +10,8 @@ from mxnet import nd
 from ..core.devices import describe, devices, parse_devices
 from ..core.heads import head_for
 from ..core.parallel import DataParallel
-from ..data import DataSpec, DevicePipeline, load_dataset
+from ..data import DataSpec, load_dataset, make_pipeline
+from ..data.sources import sample_batches
 from ..models import load_model, params_in, pipeline_layout, recorded_run
 from ..models.inference import MODES, inference_mode, inference_model, inference_threads
 from .cli import Parser, check_batch, main_guard, non_negative_int, parse_args, positive_int
@@ -19,7 +20,7 @@ from .config import COMMON_FLAGS, add_flags
 
 def build_parser():
     p = Parser(prog="gluon_gpu.evaluate", description=__doc__)
-    add_flags(p, COMMON_FLAGS)
+    add_flags(p, COMMON_FLAGS + ("pipeline",))
     add_saved_model_flags(p)
     add_inference_flags(p)
     return p
@@ -66,55 +67,62 @@ def recorded_spec(params_path):
     return DataSpec.from_dict(data) if data else None
 
 
-def validation_data(spec, data_dir=None, limit=0):
+def validation_data(spec, data_dir=None, limit=0, streamed=False):
     """The validation split the run recorded (``data_dir`` overrides where it lives), and
     its first ``limit`` training samples only (0: none; INT8 calibrates on a few hundred):
-    an image folder's or RecordIO file's training split is not decoded to evaluate."""
+    an image folder's or RecordIO file's training split is not decoded to evaluate.
+    ``streamed``: its validation images stay on disk, read a batch at a time."""
     if spec is None or spec.dataset == "fashion-mnist":
         return load_dataset("fashion-mnist", data_dir, limit=limit)
     size = ",".join(map(str, spec.input_shape[1:])) if spec.dataset == "folder" else None
-    data = load_dataset(spec.dataset, data_dir or spec.source, size, spec.task, limit=limit)
+    data = load_dataset(spec.dataset, data_dir or spec.source, size, spec.task, limit=limit, decoded=False)
     spec.check_compatible(data.spec, f"the data in {data_dir or spec.source}")
-    return data
+    return data.decoded(val=not streamed)
 
 
 def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_conv="auto", member=None,
-                    inference="graph", calibration=512, data=None):
+                    inference="graph", calibration=512, data=None, pipeline="auto"):
     """``{'loss', <metric>...}`` on the validation split for the parameters in ``path``
     loaded onto ``ctx`` (``member``: that member of an ensemble or sweep alone), run as
     the ``inference`` graph (models/inference.py; ``int8``: calibrated on ``calibration``
-    training samples). ``data``: the run's :func:`validation_data`, when already read."""
+    training samples). ``data``: the run's :func:`validation_data`, when already read;
+    ``pipeline``: how the training graph takes it (the other graphs read it batch by
+    batch on the host)."""
     spec = recorded_spec(path)
-    data = data or validation_data(spec, data_dir, calibration if inference == "int8" else 0)
+    data = data or validation_data(spec, data_dir, calibration if inference == "int8" else 0, streamed=True)
     spec = spec or data.spec
     if inference != "graph":
-        net = inference_model(path, spec, inference, data.val_x[:batch_size], model, member,
+        example = next(iter(sample_batches(data.val_x, batch_size)))[1]
+        net = inference_model(path, spec, inference, example, model, member,
                               calibration=data.train_x[:calibration], log=True)
         return evaluate_inference(net, head_for(spec.task, spec.outputs), data.val_x, data.val_y, batch_size,
                                   spec.dtype)
-    return graph_evaluation(path, ctx, spec, data.val_x, data.val_y, batch_size, model, fused_conv, member)()
+    return graph_evaluation(path, ctx, spec, data.val_x, data.val_y, batch_size, model, fused_conv, member,
+                            pipeline)()
 
 
-def graph_evaluation(path, ctx, spec, x, y, batch_size, model=None, fused_conv="auto", member=None):
+def graph_evaluation(path, ctx, spec, x, y, batch_size, model=None, fused_conv="auto", member=None,
+                     pipeline="auto"):
     """``() -> figures``: the training graph's evaluation of the parameters in ``path`` on
     ``ctx`` over samples ``x``, labels ``y`` (the network loaded and the samples placed
-    once; the benchmark calls it again and again)."""
+    once; the benchmark calls it again and again). ``pipeline`` as ``--pipeline``: auto
+    keeps the samples on the devices when a copy fits, else reads them a batch at a time."""
     net = load_model(path, ctx, model, input_shape=spec.input_shape, outputs=spec.outputs, fused_conv=fused_conv,
                      member=member)
     members = getattr(net, "members", 1)
     dp = DataParallel(net, ctx, head=head_for(spec.task, spec.outputs), transform=spec.transform(members))
     eval_ctx = pipeline_layout(net, ctx).eval_ctx  # an ensemble of placed members: its home device
-    pipeline = DevicePipeline(x, y, batch_size, eval_ctx, shuffle=False, members=members)
-    return lambda: dp.evaluate(pipeline.epoch(0))
+    batches = make_pipeline(pipeline, x, y, batch_size, eval_ctx, shuffle=False, members=members)
+    return lambda: dp.evaluate(batches.epoch(0))
 
 
 def evaluate_inference(net, head, x, y, batch_size, dtype):
     """The figures of :func:`evaluate_params` for a Servable giving log-probabilities (or
     predictions), batch by batch on the host."""
     sums = None
-    for i in range(0, len(x), batch_size):  # summed where computed: one wait, at the end
-        out = net(nd.array(x[i:i + batch_size], dtype=dtype))
-        loss, metrics = head.per_sample(nd, out, nd.array(y[i:i + batch_size]))
+    for start, batch in sample_batches(x, batch_size):  # summed where computed: one wait, at the end
+        out = net(nd.array(batch, dtype=dtype))
+        loss, metrics = head.per_sample(nd, out, nd.array(y[start:start + len(batch)]))
         figures = nd.stack(*[v.sum().astype("float64") for v in [loss] + metrics])
         sums = figures if sums is None else sums + figures
     return {**dict(zip(("loss",) + head.names, (sums.asnumpy().reshape(-1) / len(x)).tolist())), "samples": len(x)}
@@ -130,11 +138,11 @@ def main(argv=None):
         check_batch(args.batch_size, ctx)
         mode = graph_mode(args, ctx)
         data = validation_data(recorded_spec(args.params), args.data_dir,
-                               args.calibration_samples if mode == "int8" else 0)
+                               args.calibration_samples if mode == "int8" else 0, streamed=True)
 
         def figures_of(graph):  # the data read once, for int8 and its float32 reference
             return evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv,
-                                   args.member, graph, args.calibration_samples, data)
+                                   args.member, graph, args.calibration_samples, data, args.pipeline)
         result = figures_of(mode)
         float32 = figures_of("fused") if mode == "int8" else None
     kind = "sweep" if run["sweep"] else "ensemble"
