@@ -173,8 +173,8 @@ def test_auto_keeps_the_data_on_the_devices_when_it_fits(tmp_path, capsys):
     """The default --pipeline auto: FashionMNIST's copies fit, so the data stays on the
     devices, and the plan line says so with the figures; an ensemble needs the device
     pipeline whatever the memory."""
-    for flags, said in (([], "pipeline device (auto: 2 copies of "), (["--ensemble", "2"],
-                                                                       "pipeline device (auto: members that draw their own samples need it)")):
+    for flags, said in (([], "pipeline device (auto: 2 copies of "),
+                        (["--ensemble", "2"], "pipeline device (auto: members that draw their own samples need it)")):
         assert train.main(["--devices", "cpu*2", "--limit", "512", "--dry-run", "--out", str(tmp_path / "r")]
                           + flags) == 0
         plan = capsys.readouterr().out.splitlines()[0]
