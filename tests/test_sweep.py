@@ -132,6 +132,23 @@ def test_members_mix_their_own_pairs_with_their_own_alpha_as_alone(small_data, s
     assert_members_train_as_alone(config, members, small_data)
 
 
+@pytest.mark.parametrize("layout,devices", [("devices", "cpu*2"), ("separate", "cpu"), ("sequential", "cpu")])
+def test_an_ensemble_augments_each_member_as_its_seed_alone(small_data, layout, devices):
+    """Members that draw their own samples augment each its own, from its seed's draws."""
+    config = RunConfig(devices=devices, ensemble=2, augment="flip,crop=2", seed=4, epochs=2, batch_size=128,
+                       ensemble_layout=layout)
+    assert_members_train_as_alone(config, [replace(config, ensemble=1, seed=4 + k) for k in range(2)], small_data)
+
+
+def test_a_sweep_over_seed_augments_each_member_in_its_group_as_alone(small_data):
+    """Two members a device, each of its own seed: one graph augments each member's column."""
+    config = RunConfig(devices="cpu*2", sweep="seed=1,2 lr=0.05,0.2", augment="flip,crop=2", epochs=2,
+                       batch_size=128)
+    assert [len(group.nets) for _, _, group in build_run(config, [mx.cpu(0), mx.cpu(1)], data=small_data)
+            .dp.net.groups] == [2, 2]
+    assert_members_train_as_alone(config, member_configs(config), small_data)
+
+
 def test_an_ensemble_mixes_each_member_as_its_seed_alone(small_data):
     config = RunConfig(devices="cpu*2", ensemble=2, mixup=0.3, seed=4, epochs=2, batch_size=128)
     assert_members_train_as_alone(config, [replace(config, ensemble=1, seed=4 + k) for k in range(2)], small_data)
@@ -304,8 +321,8 @@ def test_a_pruned_sweep_stopped_mid_epoch_resumes_to_the_straight_run(tmp_path):
     (["--sweep", "lr=0.1,0.2", "--ensemble", "2"], "--sweep with --ensemble"),
     (["--sweep", "lr=0.1,0.2", "--ensemble-layout", "fused"], "--sweep with --ensemble-layout fused"),
     (["--sweep", "lr=0.1,0.2", "--early-stop", "2"], "--early-stop with --sweep"),
-    (["--sweep", "seed=1,2", "--augment", "flip"], "--augment applies to members that share their batches (a --sweep "
-                                                   "of one seed that does not mix), not to an --ensemble"),
+    (["--sweep", "lr=0.1,0.2", "--mixup", "0.2", "--augment", "flip"], "--augment with --mixup or --cutmix applies to "
+                                                                       "one network; not yet to an --ensemble or"),
     (["--sweep", "lr=0.1,0.2", "--ema", "0.99"], "--ema does not apply to an --ensemble or a --sweep yet"),
     (["--sweep", "warmup-epochs=0,5", "--epochs", "3"],
      "--sweep member 1 (warmup-epochs=5): --warmup-epochs 5 leaves no epoch of training after it"),

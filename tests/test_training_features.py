@@ -209,7 +209,7 @@ def test_tensorboard_events_and_metrics_csv_read_back(plateau):
     (["--monitor", "val-mse"], "--monitor val-mse: this run reports val-loss, val-acc, val-top5"),
     # the accuracy flags (test_augment, test_mixing, test_ema, test_recipes)
     (["--augment", "blur"], "--augment 'blur': unknown component"),
-    (["--augment", "flip", "--ensemble", "2"], "--augment applies to members that share their batches"),
+    (["--augment", "flip", "--ensemble", "2", "--mixup", "0.2"], "--augment with --mixup or --cutmix applies to one"),
     (["--mixup", "0.2", "--cutmix", "1"], "--mixup and --cutmix are two ways to mix; choose one"),
     (["--mixup-off-epochs", "1"], "--mixup-off-epochs needs --mixup or --cutmix"),
     (["--mixup", "0.2", "--mixup-off-epochs", "3", "--epochs", "3"], "--mixup-off-epochs 3 leaves no epoch mixed"),

@@ -26,9 +26,9 @@ def make_step_graph(net, head, transform, precision, members, is_np, training, s
     pairs ``x (n, 2, ...)``, ``y (n, 2)`` and its parameters as the last input, augments
     both of each pair, mixes them, and weighs the partner's loss by ``1 - lam``; members
     mix their own pairs, ``x (n, K, 2, ...)``, ``y (n, K, 2)``, parameters ``(n, K, width)``.
-    ``shared``: the members share one batch, ``x (n, 1, ...)``, ``y (n, 1)``. Members
-    augment only batches of one column (one they share, or a lone member's): augmented
-    once for all of them, parameters ``(n, 1, P)`` or ``(n, P)``."""
+    ``shared``: the members share one batch, ``x (n, 1, ...)``, ``y (n, 1)``, augmented
+    once for all of them. Members augment each their own column, parameters
+    ``(n, K, P)`` (shared: ``(n, 1, P)``), when they do not mix."""
     kind = StepGraph if isinstance(net, gluon.HybridBlock) else EagerStepGraph
     graph = kind(prefix="")
     graph.net, graph.transform = net, transform
@@ -55,9 +55,9 @@ def _forward(graph, F, x, y, extras=()):
             own, other = (F.reshape(half, shape=(-1,)) for half in F.split(y, num_outputs=2, axis=1))
             y, partner = own, (other.astype("float32"), F.reshape(F.slice_axis(mixing, axis=1, begin=0, end=1),
                                                                   shape=(-1,)))
-        if graph.augment is not None and member_axis and mixing is None:  # members' one batch (n, 1, ...): as (n, ...)
-            augmented = graph.augment(F.reshape(x, shape=(-3, -2)), F.reshape(augmentation, shape=(0, -1)))
-            x = F.expand_dims(augmented, axis=1)
+        if graph.augment is not None and member_axis and mixing is None:  # (n, columns, ...) as (n * columns, ...)
+            augmented = graph.augment(F.reshape(x, shape=(-3, -2)), F.reshape(augmentation, shape=(-3, -2)))
+            x = F.reshape(augmented, shape=(-4, -1, 1 if shared else members, -2))
         elif graph.augment is not None:
             x = graph.augment(x, augmentation)
         if mixing is not None:

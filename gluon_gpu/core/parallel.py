@@ -55,9 +55,9 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         check_precision(self.precision, self.ctx)
         check_cpu_only(net, self.ctx)
         self.net, self.transform, self.hybridize = net, transform, hybridize
-        self.inputs = TrainingInputs(augment, mixing)
         self.head, self.heads = as_heads(head)  # placed members may have one each
         self.members, self.is_np = getattr(net, "members", 1), model_is_np(net)
+        self.inputs = TrainingInputs(augment, mixing, self.members > 1, self.placed is not None)
         enable_amp(self.precision, self.is_np)  # before any graph is built
         with semantics(self.is_np):
             if not self.placed:
@@ -104,7 +104,7 @@ class DataParallel:  # pylint: disable=too-many-instance-attributes
         ``return_loss=False``. ``augmentation``, ``mixing``: their parameters (inputs.py)."""
         self.gradients.check()
         xs, ys = self.split(data, label)
-        extras, mixed = self.inputs.shards(xs, self.ctx, augmentation, mixing, whole=self.placed is not None)
+        extras, mixed = self.inputs.shards(xs, self.ctx, augmentation, mixing)
         active = [g for g, x in enumerate(xs) if x is not None and (not self.placed or self.placed.members_of([g]))]
         if not active:  # placed members in turns, or stopped: the groups stepping
             return self._update() if flush and self.pending_batches else None

@@ -5,8 +5,8 @@ normalizes inside the hybridized step. No Python work per sample.
 
 With ``augment`` (on-device augmentation, augment.py) it yields a third list: each
 sample's row of augmentation parameters from ``augment.table`` (a function of seed,
-epoch and sample), cut as the data (members that share their batches: ``(n, 1, P)``,
-the one augmentation they all train on). With ``mixing`` (mixup, CutMix: mixing.py), in the
+epoch and sample), cut as the data; members ``(n, K, P)``, each member's from its
+seed (members that share their batches: ``(n, 1, P)``, the one they all train on). With ``mixing`` (mixup, CutMix: mixing.py), in the
 epochs it mixes, a batch holds pairs (each sample and its partner from
 ``mixing.table``): data ``(n, 2, ...)``, labels ``(n, 2)``, the augmentation (or None)
 ``(n, 2, P)``, and a fourth list, each pair's mixing parameters. An ensemble's or
@@ -21,6 +21,9 @@ from ..core.devices import shard_bounds
 from ..core.errors import UserError
 from ..core.memory import check_fits
 from .batch_order import epoch_order, member_seeds, shared_batches, whole_global_batches
+
+MIXED_MEMBERS_AUGMENTED = ("`augment` with `mixup` or `cutmix` applies to one network; not yet to an `ensemble` or a "
+                           "`sweep`")
 
 
 class DevicePipeline:
@@ -48,9 +51,8 @@ class DevicePipeline:
         self.seeds = member_seeds(seed, members, seeds)
         self.member_groups = member_groups
         self.shared = bool(member_groups) and shared_batches(members, self.seeds, mixing)
-        if augment is not None and members > 1 and not self.shared:
-            raise UserError("`augment` applies to members that share their batches (a `sweep` of one seed that "
-                            "does not mix), not to an `ensemble` yet")
+        if augment is not None and members > 1 and mixing is not None:
+            raise UserError(MIXED_MEMBERS_AUGMENTED)
         self.turns = len(member_groups) if in_turns else 1
         self.rank, self.workers = shard
         self.n = whole_global_batches(self.n, batch_size, self.workers)
@@ -82,8 +84,7 @@ class DevicePipeline:
             order = order[:, 0]
         # The epoch's order goes to every device once; a batch is then views of it: no copy per batch.
         on_device = {c: nd.array(order, ctx=c, dtype="int32") for c in dict.fromkeys(self.ctx)}
-        table = self.augment.table(total, self.seeds[0], epoch) if self.augment is not None else None
-        augmentation = {c: nd.array(table, ctx=c) for c in dict.fromkeys(self.ctx)} if table is not None else {}
+        augmentation, own = self._augment_tables(total, epoch)
         partners = self._mix_tables(total, epoch)
         step = self.batch_size * self.workers
         per_turn = len(self) // self.turns
@@ -103,12 +104,23 @@ class DevicePipeline:
                      for c, i, r in zip(self.ctx, shards, rows)] if partners else shards  # (sample, partner) pairs
             batch = ([None if i is None else x.take(i) for x, i in zip(self._inputs, taken)],
                      [None if i is None else y.take(i) for y, i in zip(self._targets, taken)])
-            augs = [None if i is None else augmentation[c].take(i) for c, i in zip(self.ctx, taken)] \
-                if augmentation else None
+            augs = [None if i is None else augmentation[c].take(self._table_rows(i, g) if own else i)
+                    for g, (c, i) in enumerate(zip(self.ctx, taken))] if augmentation else None
             if partners:
                 yield batch + (augs, [None if r is None else partners[c][1].take(r) for c, r in zip(self.ctx, rows)])
             else:
                 yield batch + (augs,) if augs else batch
+
+    def _augment_tables(self, total, epoch):
+        """``({device: the epoch's augmentation parameters}, own)`` ({} without
+        augmentation): a row per sample, or (``own``: members that draw their own
+        samples) member k's, from its seed, in rows ``sample * K + k`` (:meth:`_table_rows`)."""
+        if self.augment is None:
+            return {}, False
+        own = self.members > 1 and not self.shared
+        table = np.stack([self.augment.table(total, seed, epoch) for seed in (self.seeds if own else self.seeds[:1])],
+                         axis=1).reshape(total * (self.members if own else 1), -1)
+        return {c: nd.array(table, ctx=c) for c in dict.fromkeys(self.ctx)}, own
 
     def _columns(self, first, count):
         """Columns ``(begin, end)`` of the order a group of members ``first..`` takes:

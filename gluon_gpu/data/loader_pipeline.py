@@ -67,11 +67,10 @@ class LoaderPipeline:
         return self._with_member_axis(batches) if self.member_columns else batches
 
     def _with_member_axis(self, batches):
-        """``batches`` as members take them: data ``(n, C, ...)``, labels ``(n, C)``
-        (the augmentation, one row per sample, as it is)."""
+        """``batches`` as members take them: data ``(n, C, ...)``, labels ``(n, C)``,
+        the augmentation ``(n, C, P)``."""
         for batch in batches:
-            yield tuple(nd.repeat(a.expand_dims(1), repeats=self.member_columns, axis=1) for a in batch[:2]) + \
-                tuple(batch[2:])
+            yield tuple(nd.repeat(a.expand_dims(1), repeats=self.member_columns, axis=1) for a in batch)
 
     def _with_parameters(self, table, mix):
         """The loader's batches with their augmentation (and mixing) parameters; mixing,

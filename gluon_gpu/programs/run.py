@@ -17,7 +17,7 @@ from ..data import Dataset, DataSpec, load_dataset, make_pipeline
 from ..data.augment import describe, make_augment
 from ..data.mixing import describe as describe_mixing, make_mixing
 from ..data.batch_order import member_seeds, shared_batches
-from ..data.device_pipeline import device_copy_bytes
+from ..data.device_pipeline import MIXED_MEMBERS_AUGMENTED, device_copy_bytes
 from ..data.pipelines import choose_pipeline, device_only
 from ..models import init_model
 from ..models.member_stack import pipeline_layout
@@ -86,9 +86,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     augment = make_augment(config.augment, spec)
     mixing, mix_alphas = members_mixing(config, sweep, spec)
     shared = shared_batches(members, member_seeds(config.seed, members, seeds), mixing)
-    if augment is not None and members > 1 and not shared:
-        raise UserError("`augment` applies to members that share their batches (a `sweep` of one seed that does not "
-                        "mix), not to an `ensemble` or a `sweep` over seed or with mixing yet")
+    if augment is not None and members > 1 and mixing is not None:
+        raise UserError(MIXED_MEMBERS_AUGMENTED)
     if config.ema and members > 1:
         raise UserError("`ema` does not apply to an `ensemble` or a `sweep` yet")
     if config.no_wd:
