@@ -6,8 +6,8 @@ normalizes inside the hybridized step. No Python work per sample.
 With ``augment`` (on-device augmentation, augment.py) it yields a third list: each
 sample's row of augmentation parameters from ``augment.table`` (a function of seed,
 epoch and sample), cut as the data; members ``(n, K, P)``, each member's from its
-seed (members that share their batches: ``(n, 1, P)``, the one they all train on). With ``mixing`` (mixup, CutMix: mixing.py), in the
-epochs it mixes, a batch holds pairs (each sample and its partner from
+seed (members that share their batches: ``(n, 1, P)``, the one they all train on).
+With ``mixing`` (mixup, CutMix: mixing.py), in the epochs it mixes, a batch holds pairs (each sample and its partner from
 ``mixing.table``): data ``(n, 2, ...)``, labels ``(n, 2)``, the augmentation (or None)
 ``(n, 2, P)``, and a fourth list, each pair's mixing parameters. An ensemble's or
 sweep's members mix each with its own partners (from the member's seed and alpha):
@@ -141,9 +141,9 @@ class DevicePipeline:
         return {c: (nd.array(partner, ctx=c, dtype="int32"), nd.array(params, ctx=c)) for c in dict.fromkeys(self.ctx)}
 
     def _table_rows(self, indices, group):
-        """The rows of the mixing tables for a shard of sample ``indices``: the samples
-        themselves, or with members (indices ``(n, Kg)``, the columns of group ``group``)
-        ``sample * K + k``."""
+        """The rows of the mixing or augmentation tables for a shard of sample
+        ``indices``: the samples themselves, or with members (indices ``(n, Kg)``, the
+        columns of group ``group``) ``sample * K + k``."""
         if self.members == 1:
             return indices
         first, count = self.member_groups[group] if self.member_groups else (0, self.members)

@@ -85,7 +85,6 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
     augment = make_augment(config.augment, spec)
     mixing, mix_alphas = members_mixing(config, sweep, spec)
-    shared = shared_batches(members, member_seeds(config.seed, members, seeds), mixing)
     if augment is not None and members > 1 and mixing is not None:
         raise UserError(MIXED_MEMBERS_AUGMENTED)
     if config.ema and members > 1:
@@ -96,6 +95,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     synced = use_sync_batchnorm(net, len(ctx)) if config.sync_bn else 0
     if config.sync_bn:
         _check_sync_bn_batches(len(data.train_y), config.batch_size * shard[1], len(ctx))
+    shared = shared_batches(members, member_seeds(config.seed, members, seeds), mixing)  # one read for all members
     pipeline, why = choose_pipeline(config.pipeline, sum(device_copy_bytes(x, y) for x, y in (
         (data.train_x, data.train_y), (data.val_x, data.val_y))), layout.train_ctx,
         device_only(members, shared), data.on_disk)
