@@ -28,6 +28,7 @@ from ..core.errors import UserError
 from ..core.files import write_json
 from ..core.heads import head_for
 from ..core.precision import BF16_CPU_FLAGS, cpu_flags
+from ..data.sources import sample_batches
 from ..models import load_model, params_in, recorded_run
 from ..models.inference import inference_model, inference_threads
 from . import torch_lenet
@@ -123,9 +124,10 @@ def _onnx_loop(onnx_file, spec, x, y, bs):
 
     def loop():
         right = 0
-        for i in range(0, len(x), bs):
-            probabilities = session.run(None, {name: x[i:i + bs]})[0]
-            right += int((probabilities.argmax(1) == y[i:i + bs]).sum()) if spec.task == "classify" else 0
+        for start, batch in sample_batches(x, bs):
+            probabilities = session.run(None, {name: batch})[0]
+            if spec.task == "classify":
+                right += int((probabilities.argmax(1) == y[start:start + len(batch)]).sum())
         return {"samples": len(x), "acc": right / len(x) if spec.task == "classify" else None}
     return loop
 
