@@ -8,11 +8,11 @@ ARGS   ?=
 DATA   := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install data hosts train test check bench clean
+.PHONY: install data hosts train test check bench pages clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt requirements-test.txt setup.py
+$(VENV)/.installed: requirements.txt requirements-test.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info < (3, 12), "gluon_gpu needs Python <= 3.11 (numpy 1.23.5 for mxnet 1.9.1)"'
 	@echo "make: installing into $(VENV): the pinned requirements (requirements-test.txt) and gluon_gpu itself"
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ check: install data
 
 bench: install data
 	$(PY) -m gluon_gpu.bench $(ARGS)
+
+# Every measured page regenerated at the current version (scripts/pages.py; about 45 minutes).
+pages: install data
+	$(PY) scripts/pages.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from performance_page import page_parser, run_bench, stamp, write_between
+from performance_page import cpu_words, page_parser, run_bench, stamp, write_between
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- sweep:start (scripts/sweep_page.py writes this) -->", "<!-- sweep:end -->"
@@ -94,10 +94,12 @@ def main(argv=None):
     with open(os.path.join(args.docs, "sweeps.md"), "w") as f:
         f.write(text)
     headline = "\n".join([
-        f"Measured ({machine['cpu']}, {machine['cores']} cores; [docs/sweeps.md](docs/sweeps.md), generated): the "
+        f"Measured ({cpu_words(machine)}; [docs/sweeps.md](docs/sweeps.md), generated): the "
         f"{len(rows)} configurations as one job on `cpu*2` train at **{sweep_row['vs_one_after_another']:.2f}x** the "
-        f"member-samples/s of training them one after another on one context. `{command}`:", "",
-        *sweep_table(rows), "", "![validation accuracy of every member per epoch](docs/sweep-lenet.png)"])
+        f"member-samples/s of training them one after another on one context. In `{command}` the best member, "
+        f"{best['member']} ({best['config']}), reached val-acc {best['value']:.4f} at epoch {best['epoch']}; "
+        "docs/sweeps.md has every member's row.", "",
+        "![validation accuracy of every member per epoch](docs/sweep-lenet.png)"])
     write_between(args.readme, START, END, headline)
     print(f"wrote {args.docs}/sweeps.md, its plots and the sweep block in {args.readme}")
     return 0

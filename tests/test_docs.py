@@ -1,6 +1,8 @@
 """The README and docs/ cannot drift from the code: every Python and shell block in them
-runs here, in order, one page at a time in a folder of its own (a page's later blocks
-may use the runs its earlier ones made), and every path they name exists. A block that
+runs here as a person pastes it into a new shell after the README's set-up (a clean
+PATH, the virtualenv activated: scripts/pasted.py), in order, one page at a time in a
+folder of its own that has the clone's scripts/ and examples/ (a page's later blocks may
+use the runs its earlier ones made), and every path they name exists. A block that
 cannot run here says why in a ``<!-- not run: ... -->`` line above it."""
 import glob
 import os
@@ -10,11 +12,12 @@ import sys
 import textwrap
 
 import pytest
+from pasted import SHELLS as RUNNABLE, run_pasted
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAGES = sorted(["README.md", "CHANGELOG.md"] + [os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/*.md")])
+PAGES = sorted(["README.md", "CHANGELOG.md"] + [os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/*.md")]
+               + [os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/maintainers/*.md")])
 FENCE = re.compile(r"(?:<!-- not run: (?P<why>[^>]*) -->\n[ \t]*)?```(?P<lang>[\w-]*)\n(?P<body>.*?)```", re.S)
-RUNNABLE = {"sh": "bash", "bash": "bash", "python": "python"}
 
 
 def blocks(page):
@@ -23,10 +26,11 @@ def blocks(page):
         return [(m["lang"], textwrap.dedent(m["body"]), m["why"]) for m in FENCE.finditer(f.read())]
 
 
-def environment():
-    """What a person who followed the install has: the virtualenv's scripts first on PATH."""
-    bin_dir = os.path.dirname(sys.executable)
-    return {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "PYTHONPATH": REPO}
+def clone_like(folder):
+    """``folder`` with what a clone has beside the docs: scripts/ and examples/."""
+    for name in ("scripts", "examples"):
+        os.symlink(os.path.join(REPO, name), os.path.join(folder, name))
+    return folder
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -34,12 +38,24 @@ def test_every_block_of_the_page_runs(page, tmp_path):
     runnable = [(lang, body) for lang, body, why in blocks(page) if lang in RUNNABLE and why is None]
     for lang, body, why in blocks(page):
         assert why is None or why.strip(), f"{page}: a block not run must say why"
+    outputs, folder = [], clone_like(tmp_path)
     for lang, body in runnable:
-        command = ["bash", "-e", "-o", "pipefail", "-c", body] if RUNNABLE[lang] == "bash" else \
-            [sys.executable, "-c", body]
-        proc = subprocess.run(command, cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=600)
+        proc = run_pasted(lang, body, folder)
         assert proc.returncode == 0, f"{page}: this block failed:\n{body}\n{proc.stderr[-3000:]}"
         assert "Traceback" not in proc.stderr, proc.stderr
+        outputs.append((body, proc.stdout))
+    if page == "README.md":
+        check_the_demo(outputs)
+
+
+def check_the_demo(outputs):
+    """The README's first block is its demo: a model that gets the first test images
+    right, as its generated output shows (scripts/demo_page.py)."""
+    from demo_page import figures
+    body, stdout = outputs[0]
+    accuracy, predictions = figures(stdout)
+    assert accuracy >= 0.85, stdout
+    assert [p.split()[1] for p in predictions] == ["Ankle", "Pullover", "Trouser"], predictions
 
 
 def test_the_pages_have_runnable_blocks():
@@ -77,6 +93,56 @@ def test_every_path_the_page_names_exists(page):
         if not found:
             missing.append(path)
     assert missing == [], f"{page} names paths that do not exist: {missing}"
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+# a cross-reference by position rather than by link: "(above)", "(Performance, below)"
+BY_POSITION = re.compile(r"\([^()\[\]]*\b(?:above|below)\)")
+
+
+def anchors(path):
+    """The ``#anchors`` of a Markdown page's headings, as GitHub makes them."""
+    with open(path) as f:
+        text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_link_and_anchor_resolves(page):
+    here = os.path.dirname(os.path.join(REPO, page))
+    with open(os.path.join(REPO, page)) as f:
+        text = f.read()
+    broken = []
+    for target in LINK.findall(text):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        path = os.path.normpath(os.path.join(here, path)) if path else os.path.join(REPO, page)
+        if not os.path.exists(path) or (anchor and anchor not in anchors(path)):
+            broken.append(target)
+    assert broken == [], f"{page} links to what does not exist: {broken}"
+    assert BY_POSITION.findall(text) == [], f"{page}: say where with a link, not 'above' or 'below'"
+
+
+def test_the_link_check_finds_a_missing_anchor(tmp_path):
+    (tmp_path / "a.md").write_text("# Title\n\n## Two words\n")
+    assert anchors(tmp_path / "a.md") == {"title", "two-words"}
+    assert BY_POSITION.findall("see (Data, above) and [below](#x)") == ["(Data, above)"]
+
+
+def test_no_generated_page_is_older_than_this_minor_version():
+    """Each page scripts/pages.py makes names the version that made it in its stamp;
+    ``make pages`` regenerates them all."""
+    from pages import PAGES as GENERATED
+    from gluon_gpu.core.version import __version__
+    minor = tuple(int(v) for v in __version__.split(".")[:2])
+    stale = {}
+    for script, page in GENERATED.values():
+        with open(os.path.join(REPO, page)) as f:
+            found = re.search(r"gluon_gpu (\d+)\.(\d+)\.\d+, commit", f.read())
+        if not found or (int(found[1]), int(found[2])) < minor:
+            stale[page] = found[0] if found else "no stamp"
+    assert stale == {}, f"regenerate with `make pages` (scripts/pages.py): {stale}"
 
 
 def test_the_readme_is_a_front_door():

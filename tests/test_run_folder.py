@@ -90,8 +90,10 @@ def test_a_scheduled_run_prints_no_mxnet_warning(tmp_path, capsys):
 
 @pytest.mark.parametrize("program", PROGRAMS)
 def test_every_help_shows_its_defaults(program):
-    proc = subprocess.run([sys.executable, "-m", f"gluon_gpu.{program}", "--help"], capture_output=True, text=True)
+    every = "--help-all" if program == "train" else "--help"  # train's --help shows the flags most runs use
+    proc = subprocess.run([sys.executable, "-m", f"gluon_gpu.{program}", every], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: python -m gluon_gpu.{program} ")  # named as invoked
     assert "``" not in proc.stdout  # docstring markup is not shown raw
     parser = __import__(f"gluon_gpu.programs.{program}", fromlist=["build_parser"]).build_parser()
     with_default = [a for a in parser._actions if a.option_strings and a.default not in (None, False, "==SUPPRESS==")
@@ -99,18 +101,35 @@ def test_every_help_shows_its_defaults(program):
     assert with_default
     assert proc.stdout.count("(default:") >= len(with_default)
     if program == "train":
-        for group in ("devices:", "data:", "model:", "optimization:", "checkpoints:", "logging:", "examples:"):
+        for group in ("data:", "model:", "training:", "regularization:", "distribution:", "precision:",
+                      "ensembles and sweeps:", "speed:", "checkpoints:", "logging:", "examples:"):
             assert f"\n{group}\n" in proc.stdout, group
         assert re.search(r"--batch-size BATCH_SIZE\s+global batch size, split over the devices\s+\(default:\s+256\)",
                          proc.stdout)
         assert "\n  gluon-gpu-train --resume runs/RUN" in proc.stdout  # an example on a line of its own
 
 
+def test_trains_help_fits_two_screens_and_help_all_lists_every_flag():
+    parser = train.build_parser()
+    short, full = parser.format_help(), parser.format_help(full=True)
+    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    assert len(short.splitlines()) <= 80 and len(full.splitlines()) > 2 * len(short.splitlines())
+    assert [f for f in flags if f not in full] == []
+    shown = [f for f in flags if re.search(rf"^  {re.escape(f)}\b", short, re.M)]
+    assert {"--devices", "--epochs", "--lr", "--batch-size", "--recipe", "--resume", "--help-all"} <= set(shown)
+    assert "--omp-threads" not in short and "--bucket-mb" not in short
+    assert f"--help-all lists all {sum(1 for a in parser._actions if a.option_strings) - 1}." in short  # not -h
+    assert "\ndevices:\n" not in full  # --kvstore, --dtype and --amp no longer sit under "devices"
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "gluon-gpu-train"), "--help"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == short.replace("python -m gluon_gpu.train", "gluon-gpu-train")
+
+
 def test_every_program_is_a_console_script():
-    tree = ast.parse(open(os.path.join(REPO, "setup.py")).read())
-    scripts = next(ast.literal_eval(k.value)["console_scripts"] for node in ast.walk(tree)
-                   if isinstance(node, ast.Call) for k in node.keywords if k.arg == "entry_points")
-    assert sorted(scripts) == sorted(f"gluon-gpu-{p}=gluon_gpu.{p}:main" for p in PROGRAMS)
+    import tomllib
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert scripts == {f"gluon-gpu-{p}": f"gluon_gpu.{p}:main" for p in PROGRAMS}
     for program in PROGRAMS:  # each target exists
         module = __import__(f"gluon_gpu.{program}", fromlist=["main"])
         assert callable(module.main)
@@ -122,7 +141,7 @@ def test_the_installed_console_scripts_run():
     if missing:
         pytest.skip(f"gluon_gpu is not installed in {bin_dir} (pip install .): {missing}")
     proc = subprocess.run([os.path.join(bin_dir, "gluon-gpu-bench"), "--help"], capture_output=True, text=True)
-    assert proc.returncode == 0 and proc.stdout.startswith("usage: gluon_gpu.bench"), proc.stderr
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: gluon-gpu-bench"), proc.stderr
 
 
 def test_an_ensemble_epoch_line_says_what_its_spread_is():

@@ -71,6 +71,15 @@ def cpu_model():
     return _cpuinfo_line(("model name",)) or platform.processor()
 
 
+def bfloat16_isa(flags=None):
+    """What this CPU has for bfloat16, as measured figures name it: 'AMX', 'AVX-512
+    BF16' or 'no bfloat16 instructions'."""
+    flags = cpu_flags() if flags is None else flags
+    if "amx_bf16" in flags:
+        return "AVX-512 BF16 and AMX"
+    return "AVX-512 BF16" if "avx512_bf16" in flags else "no bfloat16 instructions"
+
+
 def whole_numbers():
     """``{variable: (lowest, highest, why)}`` of the whole numbers MXNet reads at start."""
     most = THREADS_PER_CORE * affinity_cpus()

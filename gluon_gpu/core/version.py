@@ -1,2 +1,2 @@
-"""The version of gluon_gpu (setup.py reads it here)."""
-__version__ = "0.9.1"
+"""The version of gluon_gpu (the one place it is written: pyproject.toml reads it here)."""
+__version__ = "0.9.2"

@@ -1,4 +1,4 @@
-"""python -m gluon_gpu.bench: real training epochs per device spec, timed side by side.
+"""Real training epochs per device spec, timed side by side.
 
 For each ``--devices`` spec it trains ``--epochs`` epochs ``--repeats`` times and reports
 the first epoch apart (it includes graph building), the median of the others, samples/s,
@@ -43,7 +43,7 @@ from .train import check_writable
 
 
 def build_parser():
-    p = Parser(prog="gluon_gpu.bench", description=__doc__)
+    p = Parser("bench", description=__doc__)
     add_flags(p, COMMON_FLAGS + ("model", "lr", "bucket_mb", "dataset", "image_size", "pipeline", "num_workers",
                                  "limit", "val_limit", "dtype", "amp", "ensemble_layout", "augment", "sweep",
                                  "sweep_random"),

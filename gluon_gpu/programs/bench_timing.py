@@ -9,7 +9,7 @@ import time
 
 import mxnet as mx
 
-from ..core.environment import cpu_model
+from ..core.environment import bfloat16_isa, cpu_model
 from ..core.version import __version__
 from ..core.devices import gpu_count, parse_devices, thread_settings
 from ..core.environment import usable_cpus
@@ -96,7 +96,7 @@ def machine_info():
         except (OSError, subprocess.SubprocessError):
             gpus = ["unknown"] * gpu_count()
     features = [f.name for f in mx.runtime.Features().values() if f.enabled]
-    return {"cpu": cpu, "cores": usable_cpus(), "gpus": [g for g in gpus if g],
+    return {"cpu": cpu, "cpu_isa": bfloat16_isa(), "cores": usable_cpus(), "gpus": [g for g in gpus if g],
             "mxnet": mx.__version__, "mxnet_features": features, "python": platform.python_version(),
             "gluon_gpu": __version__, "threads": thread_settings()}
 

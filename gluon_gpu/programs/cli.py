@@ -3,6 +3,7 @@ into one line on stderr with exit status 2."""
 import argparse
 import copy
 import functools
+import os
 import re
 import shlex
 import sys
@@ -24,14 +25,38 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return text
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr (exit 2), not usage plus error; help
-    with defaults, flags in named groups (``group``), docstrings' ``markup`` plain."""
+def invoked_as(program):
+    """How the user started ``program``: ``python -m gluon_gpu.train`` from ``-m``, else the
+    console script's name (``gluon-gpu-train``; also for a caller in Python)."""
+    if os.path.basename(sys.argv[0]) == f"{program}.py" and "-m" in getattr(sys, "orig_argv", ()):
+        return f"python -m gluon_gpu.{program}"
+    return f"gluon-gpu-{program}"
 
-    def __init__(self, *args, description=None, **kwargs):
-        super().__init__(*args, description=(description or "").replace("``", ""),
+
+class _HelpAll(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.print_help(full=True)
+        parser.exit()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (exit 2) tagged ``gluon_gpu.<program>``,
+    not usage plus error; help with defaults, flags in named groups (``group``), docstrings'
+    ``markup`` plain, the program named as invoked. With ``brief=True``, --help lists only
+    the flags in ``self.brief`` (destination -> a shorter help, or None for the whole
+    one), the ones most runs use, and --help-all every flag."""
+
+    def __init__(self, program, description=None, brief=False, **kwargs):
+        super().__init__(prog=invoked_as(program), description=(description or "").replace("``", ""),
                          formatter_class=HelpFormatter, **kwargs)
+        self.tag = f"gluon_gpu.{program}"
+        self.brief = {"help_all": None} if brief else None
         self._groups = {}
+        if brief:
+            self.add_argument("--help-all", action=_HelpAll, help="show every flag, not only the ones most runs use")
 
     def group(self, title):
         """The argument group ``title`` (made on first use): --help lists its flags together."""
@@ -39,8 +64,28 @@ class Parser(argparse.ArgumentParser):
             self._groups[title] = self.add_argument_group(title)
         return self._groups[title]
 
+    def print_help(self, file=None, full=False):
+        self._print_message(self.format_help(full), file or sys.stdout)
+
+    def format_help(self, full=False):
+        if full or self.brief is None:
+            return super().format_help()
+        flags = [a for a in self._actions if a.option_strings and a.dest != "help"]
+        saved, groups, usage = [(a, a.help) for a in flags], self._action_groups, self.usage
+        for action in flags:
+            action.help = self.brief.get(action.dest) or action.help if action.dest in self.brief else argparse.SUPPRESS
+        self._action_groups = [g for g in groups if any(a.help != argparse.SUPPRESS for a in g._group_actions)]
+        self.usage = "%(prog)s [FLAG ...]"
+        try:
+            shown = super().format_help()
+        finally:
+            self._action_groups, self.usage = groups, usage
+            for action, text in saved:
+                action.help = text
+        return shown.rstrip("\n") + f"\n\nThese are the flags most runs use; --help-all lists all {len(flags)}.\n"
+
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.tag}: error: {message} (see --help)\n")
 
 
 def positive_int(text):

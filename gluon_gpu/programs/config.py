@@ -34,16 +34,17 @@ def _choices_help(described):
     return as_flags(", ".join(f"{name} ({what})" for name, what in described.items()))
 
 
-def _flag(default, help, resumable=False, **argparse_kwargs):  # pylint: disable=redefined-builtin
-    """A RunConfig field: its default, --help text, whether --resume may change it, and
-    argparse options (type, choices, metavar, action)."""
-    return field(default=default, metadata={"help": help, "resumable": resumable, **argparse_kwargs})
+def _flag(default, help, resumable=False, brief=None, **argparse_kwargs):  # pylint: disable=redefined-builtin
+    """A RunConfig field: its default, --help-all text, whether --resume may change it,
+    ``brief``: for a flag most runs use, the text train's short --help shows (True: the
+    same), and argparse options (type, choices, metavar, action)."""
+    return field(default=default, metadata={"help": help, "resumable": resumable, "brief": brief, **argparse_kwargs})
 
 
 @dataclass
 class RunConfig:  # pylint: disable=too-many-instance-attributes
     # where it runs (may change on resume)
-    devices: str = _flag("all", "device spec: all, cpu, cpu*N, gpu, gpu*N, gpu:I,J", True)
+    devices: str = _flag("all", "device spec: all, cpu, cpu*N, gpu, gpu*N, gpu:I,J", True, brief=True)
     fused_conv: str = _flag("auto", "LeNet's conv+relu+pool as one compiled CPU operator: auto (on "
                             "CPUs, when it builds), on, off", True, choices=MODES)
     omp_threads: int = _flag(0, "OpenMP threads per CPU operator (sets OMP_NUM_THREADS; 0: as set, "
@@ -62,14 +63,16 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     # the data
     dataset: str = _flag("fashion-mnist", "; ".join(f"{name}: --data-dir is {kind.what}"
                                                     for name, kind in DATASETS.items()),
-                         choices=tuple(DATASETS))
+                         choices=tuple(DATASETS),
+                         brief="fashion-mnist, folder (an image folder), npz (arrays) or rec (RecordIO)")
     data_dir: Optional[str] = _flag(None, "FashionMNIST's IDX files (default: $GLUON_GPU_DATA, the MXNet "
                                     "cache, Debian's dataset-fashion-mnist), the image folder, the RecordIO "
-                                    "folder, or the .npz", True)
+                                    "folder, or the .npz", True,
+                                    brief="where the data is (FashionMNIST: found if not given)")
     image_size: Optional[str] = _flag(None, "--dataset folder, rec: resize images to H or H,W", metavar="H[,W]")
     task: Optional[str] = _flag(None, "classify or regress (default: from the labels: integers classify)",
                                 choices=TASKS)
-    limit: Optional[int] = _flag(None, "use only the first N training samples", type=positive_int)
+    limit: Optional[int] = _flag(None, "use only the first N training samples", type=positive_int, brief=True)
     val_limit: Optional[int] = _flag(None, "validate on only the first N validation samples", type=positive_int)
     pipeline: str = _flag("auto", "device: data on the devices, batches by index; loader: Gluon DataLoader "
                           "over one host copy, or over the files of a folder or RecordIO dataset, read per batch "
@@ -78,33 +81,37 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     # the model and its training
     model: str = _flag("auto", "auto (lenet for images, mlp for feature vectors), "
                        + _choices_help({name: kind.what for name, kind in MODELS.items()})
-                       + ", or a gluoncv zoo classifier (" + ", ".join(ZOO_EXAMPLES[:3]) + ", ...)")
+                       + ", or a gluoncv zoo classifier (" + ", ".join(ZOO_EXAMPLES[:3]) + ", ...)",
+                       brief="lenet, mlp, or a gluoncv zoo classifier such as cifar_resnet20_v1")
     ensemble: int = _flag(1, "train K independent copies of the model at once (seed-parallel); member k "
-                          "is the model --seed seed+k trains alone", type=positive_int, metavar="K")
+                          "is the model --seed seed+k trains alone", type=positive_int, metavar="K",
+                          brief="train K seeds of the model at once")
     ensemble_layout: str = _flag("auto", "how the members share the devices: " + _choices_help(LAYOUTS),
                                  choices=tuple(LAYOUTS))
     sweep: str = _flag("", "a hyperparameter sweep trained as one job, a member per configuration, each exactly as "
                        "its flags train alone: a grid 'lr=0.02,0.05 wd=0,1e-4' (every combination) of "
                        + ", ".join(n.replace("_", "-") for n in SWEEPABLE) + " (lr-decay-epoch=6/8); with "
-                       "--sweep-random, ranges LO:HI and LO:HI:log too", metavar="SPEC")
+                       "--sweep-random, ranges LO:HI and LO:HI:log too", metavar="SPEC",
+                       brief="a hyperparameter sweep as one job, e.g. 'lr=0.02,0.05 wd=0,1e-4'")
     sweep_random: Optional[int] = _flag(None, "draw N configurations from --sweep (ranges, and one value of each "
                                         "list), seeded by --seed", type=positive_int, metavar="N")
     prune: str = _flag("off", "stop sweep members that fall behind on --monitor: off, "
                        + _choices_help(PRUNE_RULES), choices=("off",) + tuple(PRUNE_RULES))
     prune_warmup: int = _flag(1, "epochs (W) every member trains before --prune judges it", type=positive_int,
                               metavar="W")
-    epochs: int = _flag(10, "epochs to train to", True, type=positive_int)
-    batch_size: int = _flag(256, "global batch size, split over the devices", type=positive_int)
-    lr: float = _flag(0.1, "base learning rate", type=positive_float)
-    optimizer: str = _flag("sgd", "optimizer", choices=OPTIMIZERS)
-    momentum: float = _flag(0.0, "sgd/nag only; below 1", type=below_one)
-    wd: float = _flag(0.0, "weight decay", type=non_negative_float)
+    epochs: int = _flag(10, "epochs to train to", True, type=positive_int, brief=True)
+    batch_size: int = _flag(256, "global batch size, split over the devices", type=positive_int, brief=True)
+    lr: float = _flag(0.1, "base learning rate", type=positive_float, brief=True)
+    optimizer: str = _flag("sgd", "optimizer", choices=OPTIMIZERS, brief=True)
+    momentum: float = _flag(0.0, "sgd/nag only; below 1", type=below_one, brief=True)
+    wd: float = _flag(0.0, "weight decay", type=non_negative_float, brief=True)
     no_wd: bool = _flag(False, "no weight decay on biases and BatchNorm's gamma and beta (GluonCV's --no-wd)",
                         action="store_true")
     label_smoothing: float = _flag(0.0, "classification: train on labels smoothed by EPS (1-EPS+EPS/K on the "
                                    "class, EPS/K on each of the K classes); validation and accuracy use the "
                                    "labels as they are", type=below_one, metavar="EPS")
-    augment: str = _flag("", augment_help(), metavar="LIST")
+    augment: str = _flag("", augment_help(), metavar="LIST",
+                         brief="augmentation on the device: basic, strong, or a list such as flip,crop=4")
     mixup: float = _flag(0.0, "classification: mix each training image with a partner, weight lam ~ "
                          "Beta(ALPHA, ALPHA), and the loss of their labels likewise (GluonCV's --mixup; 0: off)",
                          type=non_negative_float, metavar="ALPHA")
@@ -119,8 +126,9 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                   type=non_negative_int, metavar="N")
     recipe: Optional[str] = _flag(None, "a named bundle of training flags (--recipe list shows them with "
                                   "their measured results); flags given beside it override its own",
-                                  metavar="NAME")
-    lr_mode: str = _flag("constant", "gluoncv LRScheduler mode, stepped per batch", choices=LR_MODES)
+                                  metavar="NAME", brief="a named bundle of training flags (--recipe list)")
+    lr_mode: str = _flag("constant", "gluoncv LRScheduler mode, stepped per batch", choices=LR_MODES,
+                         brief="the learning rate schedule")
     lr_decay: float = _flag(0.1, "factor at each --lr-decay-epoch", type=positive_float)
     lr_decay_epoch: str = _flag("", "comma-separated epochs for --lr-mode step, e.g. 6,8")
     warmup_epochs: int = _flag(0, "epochs of linear LR warmup from --warmup-lr, in front of any --lr-mode",
@@ -140,11 +148,12 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     kvstore: Optional[str] = _flag(None, "gradient aggregation (default: device on GPUs, local on CPUs)",
                                    choices=KVSTORES)
     dtype: str = _flag("float32", "bfloat16: mixed precision (contrib.amp) on CPUs with AVX-512 BF16; "
-                       "float16: the network cast to float16, GPUs only", choices=DTYPES)
+                       "float16: the network cast to float16, GPUs only", choices=DTYPES,
+                       brief="bfloat16: mixed precision on CPUs with AVX-512 BF16; float16: GPUs")
     amp: bool = _flag(False, "float16 mixed precision (contrib.amp, dynamic loss scaling): GPUs only",
                       action="store_true")
     # bookkeeping
-    out: Optional[str] = _flag(None, "run directory (default runs/<timestamp>)")
+    out: Optional[str] = _flag(None, "run directory (default runs/<timestamp>)", brief=True)
     log_interval: int = _flag(50, "batches between loss reads", True, type=positive_int)
     save_period: int = _flag(1, "epochs between checkpoints", True, type=positive_int)
     keep: int = _flag(3, "checkpoints kept", True, type=positive_int)
@@ -158,7 +167,7 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                    "and RUN/profile.txt (per operator)", True, type=positive_int, metavar="N")
     tensorboard: bool = _flag(False, "write TensorBoard event files to RUN/tb/ (tensorboardX)", True,
                               action="store_true")
-    quiet: bool = _flag(False, "no progress bar", True, action="store_true")
+    quiet: bool = _flag(False, "no progress bar", True, action="store_true", brief=True)
 
     def to_dict(self):
         return asdict(self)
@@ -172,14 +181,16 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
 
 
 RESUMABLE = frozenset(f.name for f in fields(RunConfig) if f.metadata["resumable"])
-# --help lists the flags in these groups, in this order.
-GROUPS = {"devices": ("devices", "fused_conv", "omp_threads", "engine_threads", "bucket_mb", "kvstore", "dtype", "amp"),
-          "data": ("dataset", "data_dir", "image_size", "task", "limit", "val_limit", "pipeline", "num_workers"),
-          "model": ("model", "ensemble", "ensemble_layout", "sync_bn", "hybridize", "seed"),
-          "optimization": ("recipe", "epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "no_wd",
-                           "label_smoothing", "augment", "mixup", "cutmix", "mixup_off_epochs", "ema", "lr_mode",
-                           "lr_decay", "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate", "clip_grad"),
-          "sweep": ("sweep", "sweep_random", "prune", "prune_warmup"),
+# --help lists the flags in these groups, in this order, by what they are for.
+GROUPS = {"data": ("dataset", "data_dir", "image_size", "task", "limit", "val_limit"),
+          "model": ("model", "seed", "hybridize", "sync_bn"),
+          "training": ("recipe", "epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "no_wd", "lr_mode",
+                       "lr_decay", "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate", "clip_grad"),
+          "regularization": ("augment", "label_smoothing", "mixup", "cutmix", "mixup_off_epochs", "ema"),
+          "distribution": ("devices", "kvstore", "bucket_mb"),
+          "precision": ("dtype", "amp"),
+          "ensembles and sweeps": ("ensemble", "ensemble_layout", "sweep", "sweep_random", "prune", "prune_warmup"),
+          "speed": ("pipeline", "num_workers", "fused_conv", "omp_threads", "engine_threads"),
           "checkpoints": ("out", "save_period", "keep", "monitor", "early_stop"),
           "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
@@ -201,10 +212,12 @@ def add_flags(parser, names=ALL_FLAGS, many=(), defaults=None):
             parser.group(group)
     for name in names:
         f = by_name[name]
-        meta = {k: v for k, v in f.metadata.items() if k not in ("help", "resumable")}
+        meta = {k: v for k, v in f.metadata.items() if k not in ("help", "resumable", "brief")}
         default = (defaults or {}).get(name, f.default if f.default is not MISSING else None)
         if name in many:
             meta["nargs"] = "+"
             default = None if default is None else [default]
         help_text = f.metadata["help"].replace("%", "%%")  # argparse %-formats help
         parser.group(GROUP_OF[name]).add_argument(flag_name(name), dest=name, default=default, help=help_text, **meta)
+        if f.metadata["brief"] and parser.brief is not None:
+            parser.brief[name] = None if f.metadata["brief"] is True else f.metadata["brief"]

@@ -1,4 +1,4 @@
-"""python -m gluon_gpu.evaluate: load saved parameters onto any device and report the
+"""Load saved parameters onto any device and report the
 validation loss and metrics of the run's task, on the run's own validation data.
 
 On CPU contexts the network runs as oneDNN's fused inference graph (conv+BN+ReLU as
@@ -19,7 +19,7 @@ from .config import COMMON_FLAGS, add_flags
 
 
 def build_parser():
-    p = Parser(prog="gluon_gpu.evaluate", description=__doc__)
+    p = Parser("evaluate", description=__doc__)
     add_flags(p, COMMON_FLAGS + ("pipeline",))
     add_saved_model_flags(p)
     add_inference_flags(p)

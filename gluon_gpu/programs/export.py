@@ -1,4 +1,4 @@
-"""python -m gluon_gpu.export: write a trained network where models are served, as
+"""Write a trained network where models are served, as
 MXNet's symbol + params pair (C++, Java/DJL, model servers) and as ONNX (onnxruntime),
 each taking samples as stored (raw uint8 pixels: the normalization is inside) and
 giving class probabilities or the prediction; an ensemble gives its mean vote.
@@ -37,7 +37,7 @@ PREFIX = "model"
 
 
 def build_parser():
-    p = Parser(prog="gluon_gpu.export", description=__doc__)
+    p = Parser("export", description=__doc__)
     add_flags(p, ("data_dir", "omp_threads", "engine_threads"))
     add_saved_model_flags(p, positional=True)
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the exported files to")

@@ -1,4 +1,4 @@
-"""python -m gluon_gpu.launch: start a distributed job on MXNet's parameter-server kvstore.
+"""Start a distributed job on MXNet's parameter-server kvstore.
 
     python -m gluon_gpu.launch -n 2 -s 1 -- python -m gluon_gpu.train --kvstore dist_sync
 
@@ -39,7 +39,7 @@ RESTART_ENV = "GLUON_GPU_RESTART"  # the restart's number, for the workers (prog
 
 
 def build_parser():
-    p = Parser(prog="gluon_gpu.launch", description=__doc__)
+    p = Parser("launch", description=__doc__)
     p.add_argument("-n", "--num-workers", type=positive_int, required=True)
     p.add_argument("-s", "--num-servers", type=positive_int, default=1)
     p.add_argument("--hostfile", help="one host per line ([user@]host[:ssh-port]); default: all local")

@@ -1,4 +1,4 @@
-"""python -m gluon_gpu.pack FOLDER OUT: an image folder (FOLDER/train/<class>/*,
+"""An image folder (FOLDER/train/<class>/*,
 FOLDER/val/<class>/*) packed into RecordIO, the format GluonCV and MXNet's im2rec use:
 OUT/train.rec, train.idx, val.rec, val.idx, and OUT/meta.json with the class names.
 
@@ -24,7 +24,7 @@ from .cli import Parser, command, main_guard, non_negative_int, progress_enabled
 
 
 def build_parser():
-    p = Parser(prog="gluon_gpu.pack", description=__doc__)
+    p = Parser("pack", description=__doc__)
     p.add_argument("folder", help="the image folder: FOLDER/train/<class>/*, FOLDER/val/<class>/*")
     p.add_argument("out", help="the folder to write train.rec, train.idx, val.rec, val.idx and meta.json into")
     p.add_argument("--image-size", metavar="H[,W]", help="resize every image to H or H,W")

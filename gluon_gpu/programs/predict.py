@@ -1,4 +1,4 @@
-"""python -m gluon_gpu.predict: predict with saved parameters, for image files, IDX
+"""Predict with saved parameters, for image files, IDX
 entries or rows of an .npz array.
 
     gluon-gpu-predict --params runs/RUN shoe.png shirt.jpg
@@ -32,7 +32,7 @@ from .evaluate import (add_inference_flags, add_saved_model_flags, graph_mode, o
 
 
 def build_parser():
-    p = Parser(prog="gluon_gpu.predict", description=__doc__)
+    p = Parser("predict", description=__doc__)
     add_flags(p, ("devices", "fused_conv", "omp_threads", "engine_threads", "data_dir"), defaults={"devices": None})
     add_saved_model_flags(p)
     add_inference_flags(p)

@@ -1,4 +1,4 @@
-"""python -m gluon_gpu.train: data-parallel training (LeNet on FashionMNIST by default;
+"""Data-parallel training (LeNet on FashionMNIST by default;
 any zoo model, image folder or npz data, classification or regression)."""
 import contextlib
 import os
@@ -42,13 +42,14 @@ EXAMPLES = """examples:
 
 
 def build_parser():
-    p = Parser(prog="gluon_gpu.train", description=__doc__, epilog=EXAMPLES)
+    p = Parser("train", description=__doc__, epilog=EXAMPLES, brief=True)
     add_flags(p)
     group = p.group("checkpoints")
     group.add_argument("--resume", metavar="RUN_DIR", default=None,
                        help="continue RUN_DIR from its latest complete checkpoint")
     group.add_argument("--dry-run", action="store_true",
                        help="check flags, devices and data, print the plan, train nothing")
+    p.brief.update(resume=None, dry_run=None)
     return p
 
 

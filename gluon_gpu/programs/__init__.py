@@ -1,0 +1,1 @@
+"""The programs: train, evaluate, predict, export, bench, launch, pack (``gluon-gpu-*``)."""
