@@ -27,9 +27,10 @@ def figures(stdout):
 
 
 def demo_block(readme):
-    """The README's first shell block: its demo."""
+    """The README's first shell block that runs (not marked ``<!-- not run: ... -->``): its demo."""
     with open(readme) as f:
-        return re.search(r"```sh\n(.*?)```", f.read(), re.S)[1]
+        blocks = re.findall(r"(<!-- not run:[^>]*-->\n)?```sh\n(.*?)```", f.read(), re.S)
+    return next(body for not_run, body in blocks if not not_run)
 
 
 def main(argv=None):
