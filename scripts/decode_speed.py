@@ -1,6 +1,6 @@
 """Decoding speed of a RecordIO file, one core each way: MXNet's C++ ImageRecordIter
 (OpenCV, one preprocess thread) against gluon_gpu's loader pipeline (Gluon's DataLoader,
-one worker, Pillow), two passes each; docs/measurements.md keeps the figures.
+one worker, Pillow), two passes each; docs/maintainers/measurements.md keeps the figures.
 
     .venv/bin/python scripts/decode_speed.py REC_DIR C,H,W
 """

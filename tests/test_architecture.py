@@ -1,4 +1,4 @@
-"""The package's shape, as docs/architecture.md states it: four layers, each importing
+"""The package's shape, as docs/maintainers/architecture.md states it: four layers, each importing
 only the layers below it, no import cycle between modules (imports inside functions
 included), and a data-parallel step short enough to read whole."""
 import ast
