@@ -75,6 +75,8 @@ def test_lenet_exports_take_raw_pixels_and_give_the_trained_probabilities(lenet_
     model = onnx.load(os.path.join(out, "model.onnx"))
     props = {p.key: p.value for p in model.metadata_props}
     assert [i.name for i in model.graph.input] == ["images"]
+    used = {name for node in model.graph.node for name in node.input}
+    assert [t.name for t in model.graph.initializer if t.name not in used] == []  # onnxruntime warns of any
     assert [o.name for o in model.graph.output] == ["probabilities"]
     assert json.loads(props["classes"]) == fashion_spec().classes and model.opset_import[0].version == 13
     with open(os.path.join(out, "signature.json")) as f:
@@ -144,7 +146,7 @@ def test_an_export_that_disagrees_is_not_written(lenet_run, tmp_path, capsys, mo
     assert table_exit("an exported file whose outputs differ", export.main([lenet_run, "--out", str(out)]))
     assert capsys.readouterr().err.strip().startswith("gluon_gpu.export: error: the ONNX export differs from the "
                                                       "trained network by up to 0.01")
-    assert os.listdir(out) == [] and not [n for n in os.listdir(tmp_path) if n.startswith(".export-")]
+    assert not out.exists() and os.listdir(tmp_path) == []  # no empty --out, no temporary left
 
 
 class GroupNormNet(gluon.HybridBlock):
@@ -181,8 +183,9 @@ def test_bad_input_is_one_line(lenet_run, tmp_path, capsys, monkeypatch):
     out = tmp_path / "gn"
     assert table_exit("an export of a network", export.main([params, "--model", "groupnorm",
                                                              "--out", str(out)]))
+    assert not out.exists()  # the folder it made for the export is gone again (it was left empty)
     err = capsys.readouterr().err.strip()
     assert err == ("gluon_gpu.export: error: cannot export to ONNX: MXNet 1.9.1's ONNX exporter has no conversion for "
                    "operator GroupNorm (the MXNet format alone exports it: --formats mxnet)")
-    assert os.listdir(out) == [] and not [n for n in os.listdir(tmp_path) if n.startswith(".export-")]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".export-")]  # no temporary left
     assert export.main([params, "--model", "groupnorm", "--out", str(out), "--formats", "mxnet"]) == 0

@@ -56,6 +56,12 @@ def test_the_tightest_cgroup_limit_of_the_process_and_its_ancestors_counts(tmp_p
     assert cgroup_free(str(proc2), str(root)) is None
 
 
+def test_sizes_read_in_the_unit_that_fits():
+    from gluon_gpu.core.memory import size_text
+    assert [size_text(n) for n in (512, 40 * 2 ** 10, 53 * 2 ** 20, 3 * 2 ** 30 // 2)] == \
+        ["512 bytes", "40 KiB", "53 MiB", "1.5 GiB"]
+
+
 def test_cpu_contexts_share_the_host_so_their_needs_add_up():
     free_now = 2 ** 40  # check_fits reads the real figure; these needs sit either side of it
     with pytest.raises(UserError) as refused:

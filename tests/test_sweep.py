@@ -226,7 +226,9 @@ def expected_stops(epochs, rule, warmup):
         assert all((figures[k] is None) == (k not in running) for k in range(len(figures)))
         values = {k: figures[k] for k in running}
         e = record["epoch"]
-        if rule == "median" and e >= warmup:
+        if e == epochs[-1]["epoch"]:  # after the last epoch no member is pruned: every one has ended
+            drop = []
+        elif rule == "median" and e >= warmup:
             drop = [k for k, v in values.items() if v < np.median(list(values.values()))]
         elif rule == "halving" and e in (warmup, 2 * warmup, 4 * warmup):
             drop = sorted(values, key=lambda k: (-values[k], k))[len(values) - len(values) // 2:]
@@ -274,6 +276,8 @@ def test_the_rules_judge_only_the_members_still_training():
     assert history[0]["stopped"] == {} and history[1]["stopped"] == {"1": 2}  # nothing before epoch 2
     assert history[2]["member_val_acc"] == [0.7, None, 0.6] and history[2]["stopped"] == {"1": 2, "2": 3}
     assert set(stopped) == {1, 2}
+    last = Pruning("median", "val_acc", False, 2, stopped.extend, last_epoch=3)
+    assert last.decide(history[1]) == [1] and last.decide(history[2]) == []  # a 3-epoch run's end stops none
     lower = Pruning("halving", "val_loss", True, 1, stopped.extend)
     assert lower.decide({"epoch": 1, "member_val_loss": [0.5, 0.1, 0.4, None, 0.2]}) == [2, 0]
     assert lower.decide({"epoch": 3, "member_val_loss": [0.5, 0.1]}) == []  # not a rung (1, 2, 4...)
@@ -318,6 +322,8 @@ def test_a_pruned_sweep_stopped_mid_epoch_resumes_to_the_straight_run(tmp_path):
     (["--sweep", "lr=0.1,0.2", "--sweep-random", "0"], "--sweep-random: must be a positive integer"),
     (["--sweep-random", "3"], "--sweep-random draws from the ranges of --sweep: give both"),
     (["--prune", "median"], "--prune median stops the members of a --sweep; this run has none"),
+    (["--sweep", "lr=0.1,0.2", "--prune", "median", "--prune-warmup", "5", "--epochs", "2"],
+     "--prune-warmup 5 leaves no epoch before the last (--epochs 2) to judge the members at: --prune median"),
     (["--sweep", "lr=0.1,0.2", "--ensemble", "2"], "--sweep with --ensemble"),
     (["--sweep", "lr=0.1,0.2", "--ensemble-layout", "fused"], "--sweep with --ensemble-layout fused"),
     (["--sweep", "lr=0.1,0.2", "--early-stop", "2"], "--early-stop with --sweep"),

@@ -54,9 +54,12 @@ def available_bytes(device):
     return mx.context.gpu_memory_info(device.device_id)[0]
 
 
-def gib(nbytes):
-    """``nbytes`` for a person: GiB, or MiB below one."""
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
+def size_text(nbytes):
+    """``nbytes`` for a person: GiB, MiB below one, KiB below one MiB, bytes below that."""
+    for unit, size, digits in (("GiB", 2 ** 30, 1), ("MiB", 2 ** 20, 0), ("KiB", 2 ** 10, 0)):
+        if nbytes >= size:
+            return f"{nbytes / size:.{digits}f} {unit}"
+    return f"{nbytes} bytes"
 
 
 def shortfall(needs):
@@ -80,4 +83,4 @@ def check_fits(needs, what, advice):
     short = shortfall(needs)
     if short:
         where, nbytes, free = short
-        raise UserError(f"{what} needs about {gib(nbytes)}, and {where} has {gib(free)} free; {advice}")
+        raise UserError(f"{what} needs about {size_text(nbytes)}, and {where} has {size_text(free)} free; {advice}")

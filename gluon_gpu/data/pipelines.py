@@ -13,7 +13,7 @@ import numpy as np
 from mxnet import gluon
 
 from ..core.errors import UserError
-from ..core.memory import available_bytes, gib, shortfall
+from ..core.memory import available_bytes, size_text, shortfall
 from .batch_order import member_seeds, shared_batches
 from .device_pipeline import DevicePipeline, device_copy_bytes
 from .loader_pipeline import LoaderPipeline
@@ -32,13 +32,13 @@ def choose_pipeline(kind, copy_bytes, ctx, device_only=None, on_disk=False):
     if device_only:
         return "device", f"auto: {device_only}"
     devices = list(dict.fromkeys(ctx))
-    copies = f"{len(devices)} cop{'y' if len(devices) == 1 else 'ies'} of {gib(copy_bytes)}"
+    copies = f"{len(devices)} cop{'y' if len(devices) == 1 else 'ies'} of {size_text(copy_bytes)}"
     short = shortfall({device: copy_bytes for device in devices})
     if short:
         where, _, free = short
-        return "loader", (f"auto: {copies} would not fit in the {gib(free)} {where} has free"
+        return "loader", (f"auto: {copies} would not fit in the {size_text(free)} {where} has free"
                           + ("; batches are read from disk" if on_disk else ""))
-    return "device", f"auto: {copies} fit in the {gib(available_bytes(devices[0]))} free"
+    return "device", f"auto: {copies} fit in the {size_text(available_bytes(devices[0]))} free"
 
 
 def device_only(members, shared=False):

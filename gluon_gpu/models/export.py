@@ -84,6 +84,12 @@ def write_onnx(symbol_file, params_file, path, spec, metadata):
     inputs = [i for i in graph.input if i.name not in constants]
     del graph.input[:]
     graph.input.extend(inputs)
+    # mx2onnx leaves initializers no node reads (softmax's unused label), which onnxruntime
+    # warns about in colour at every session it opens
+    used = {name for node in graph.node for name in node.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)],
                                    producer_name="gluon_gpu", producer_version=__version__)
     onnx.helper.set_model_props(model, metadata)

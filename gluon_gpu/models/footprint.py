@@ -6,7 +6,7 @@ import numpy as np
 from mxnet import gluon, nd
 
 from ..core.errors import UserError
-from ..core.memory import check_fits, gib
+from ..core.memory import check_fits, size_text
 from ..core.modes import legacy, model_is_np, semantics, to_api
 from ..core.walk import leaves
 
@@ -72,5 +72,5 @@ def check_training_memory(make_net, input_shape, devices, batch_size, name):
     params, activations = footprint(make_net, input_shape, name)
     share = -(-batch_size // len(devices))
     check_fits({device: training_bytes(params, activations, 1, share) for device in devices}, f"`model` {name} on inputs of {'x'.join(map(str, input_shape))} with batches of {batch_size} "
-               f"samples ({gib(training_bytes(params, activations, 0, 1))} of activations a sample)",
+               f"samples ({size_text(training_bytes(params, activations, 0, 1))} of activations a sample)",
                "choose a smaller `batch_size` or `image_size`")

@@ -27,7 +27,7 @@ from collections import namedtuple
 import mxnet as mx
 from mxnet import gluon, nd
 
-from ..core.memory import check_fits, gib
+from ..core.memory import check_fits, size_text
 from ..core.graph import skipped_members_unused
 from ..core.members import PlacedMembers
 from ..core.modes import legacy, model_is_np, semantics, to_api
@@ -175,7 +175,7 @@ def check_memory(make_net, members, devices, layout, input_shape, batch_size, na
         placed = member_devices(members, devices, "devices")
         loads = {d: members if layout == "fused" else placed.count(d) for d in devices}
     check_fits({device: count * per_member for device, count in loads.items()},
-               f"`ensemble` {members} ({gib(per_member)} a member: parameters, optimizer state, activations of a "
+               f"`ensemble` {members} ({size_text(per_member)} a member: parameters, optimizer state, activations of a "
                f"batch of {batch_size})", "train fewer members at once, or a smaller `batch_size`")
 
 

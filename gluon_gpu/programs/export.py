@@ -11,6 +11,7 @@ held-out validation samples compared with the trained network's; nothing is writ
 unless they agree.
 """
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -118,13 +119,27 @@ def _move_into(staging, out):
 
 
 def check_writable(out):
-    """Refuse an ``out`` that cannot be made or written, before any work."""
+    """Refuse an ``out`` that cannot be made or written, before any work; whether it was
+    made here (so that a failed export can take it away again)."""
+    made = not os.path.exists(out)
     try:
         os.makedirs(out, mode=umask_mode(0o777), exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=out, prefix=".probe-")
         probe.close()
     except OSError as e:
         raise UserError(f"cannot write the export to `out` {out}: {e.strerror or e}") from None
+    return made
+
+
+@contextlib.contextmanager
+def removed_unless_written(out, made):
+    """A folder ``out`` this export made is gone again if the export ends without writing
+    into it (an error, a refusal, Ctrl-C)."""
+    try:
+        yield
+    finally:
+        if made and os.path.isdir(out) and not os.listdir(out):
+            os.rmdir(out)
 
 
 @main_guard("gluon_gpu.export")
@@ -132,13 +147,13 @@ def main(argv=None):
     args = parse_args(build_parser(), argv)
     path = params_in(args.params, args.member)
     spec = recorded_spec(path) or fashion_spec()  # a file without a run: the tutorial's LeNet
-    check_writable(args.out)
-    x, source = held_out(spec, args.data_dir, args.check_samples)
-    try:
-        signature = export(path, args.out, spec, x, args.model, args.member, args.formats)
-    except CheckFailed as e:
-        print(f"gluon_gpu.export: error: {e}; nothing written", file=sys.stderr)
-        return 1
+    with removed_unless_written(args.out, check_writable(args.out)):
+        x, source = held_out(spec, args.data_dir, args.check_samples)
+        try:
+            signature = export(path, args.out, spec, x, args.model, args.member, args.formats)
+        except CheckFailed as e:
+            print(f"gluon_gpu.export: error: {e}; nothing written", file=sys.stderr)
+            return 1
     run = recorded_run(path)
     what = f"member {args.member} of {path}" if args.member is not None else path
     print(f"{what} ({args.model or run['model']}) -> {args.out}")

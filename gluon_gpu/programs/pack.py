@@ -18,6 +18,7 @@ from tqdm import tqdm
 from ..core.environment import usable_cpus
 from ..core.errors import UserError
 from ..core.files import write_json
+from ..core.memory import size_text
 from ..data.folders import scan_folder
 from ..data.recordio import ENCODINGS, SPLITS, write_split
 from .cli import Parser, command, main_guard, non_negative_int, progress_enabled
@@ -73,5 +74,5 @@ def main(argv=None):
     train = command("train", "--dataset", "rec", "--data-dir", args.out)
     print(f"packed {len(found.train)} training and {len(found.val)} validation images of {args.folder} "
           f"({len(found.classes)} classes, {found.channels}x{found.size[0]}x{found.size[1]}, {args.encoding}) into "
-          f"{args.out}: {sizes / 2**20:.1f} MiB; train with: {train}")
+          f"{args.out}: {size_text(sizes)}; train with: {train}")
     return 0

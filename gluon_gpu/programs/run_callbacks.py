@@ -31,7 +31,8 @@ def chief_callbacks(config, run, out, header, monitor, say=print, resumed_at=Non
     if run.sweep:  # first too: they shape the record the others write
         callbacks.append(SweepRecord())
         if config.prune != "off":
-            pruning = Pruning(config.prune, monitor.key, monitor.lower, config.prune_warmup, run.dp.net.stop)
+            pruning = Pruning(config.prune, monitor.key, monitor.lower, config.prune_warmup, run.dp.net.stop,
+                              config.epochs)
             pruning.resume(history)
             callbacks.append(pruning)
     callbacks += [EpochPrinter(config.epochs, say),

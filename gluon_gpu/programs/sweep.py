@@ -67,6 +67,9 @@ def check_sweep(config, members):
                         "have learning rates of their own; use devices, separate or sequential")
     if config.early_stop:
         raise UserError("`early_stop` with `sweep`: members stop by `prune` (median or halving)")
+    if config.prune != "off" and config.prune_warmup >= config.epochs:
+        raise UserError(f"`prune_warmup` {config.prune_warmup} leaves no epoch before the last (`epochs` "
+                        f"{config.epochs}) to judge the members at: `prune` {config.prune} would stop none")
 
 
 def per_member(members, make):
