@@ -218,6 +218,8 @@ def test_pixels_that_cannot_be_scaled_are_refused_naming_the_mode(tmp_path, arra
 @pytest.mark.parametrize("y_train, message", [
     (np.array(["cat"] * 8), "y_train is <U3, not numbers"),
     (np.array(3), "y_train is a single value"),
+    (np.array([True, False] * 4), "y_train is bool: give class labels as integers"),  # trained as a regression
+    (np.arange(8) + 1j, "y_train is complex128: complex values are not taken"),
     (np.array([0] * 7 + [10 ** 9]), "y_train's largest label is 1000000000"),
 ])
 def test_labels_are_checked_where_they_are_read(y_train, message):
@@ -225,3 +227,10 @@ def test_labels_are_checked_where_they_are_read(y_train, message):
     x = np.zeros((8, 4), np.float32)
     with pytest.raises(DataError, match=message):
         from_arrays(x, y_train, x, np.zeros(8, np.int64))
+
+
+def test_complex_inputs_are_refused_not_cast():
+    from gluon_gpu.data import from_arrays
+    x, y = np.zeros((8, 4), np.complex64), np.zeros(8, np.int64)
+    with pytest.raises(DataError, match="x_train is complex64: complex values are not taken"):
+        from_arrays(x, y, x.real, y)

@@ -165,6 +165,12 @@ def test_evaluate_rejects_parameters_of_another_zoo_model(trained, capsys):
     (["--amp", "--dtype", "bfloat16"], "pass one of them"),
     (["--optimizer", "adam", "--momentum", "0.9"], "--momentum applies to sgd"),
     (["--lr-mode", "step"], "needs --lr-decay-epoch"),
+    (["--lr-mode", "step", "--lr-decay-epoch", "0,-3"], "--lr-decay-epoch: epochs count from 1, got '0,-3'"),
+    (["--lr-mode", "step", "--lr-decay-epoch", "3,1"], "--lr-decay-epoch: epochs must increase, got '3,1'"),
+    (["--lr-mode", "step", "--lr-decay-epoch", "1,,2"], "--lr-decay-epoch: an empty item in '1,,2'"),
+    (["--lr-mode", "step", "--lr-decay-epoch", "2,2"], "epochs must increase"),
+    (["--lr-mode", "step", "--lr-decay-epoch", "1.5"], "not a whole number: '1.5'"),
+    (["--lr-mode", "cosine", "--lr-decay-epoch", "6,8"], "--lr-decay-epoch 6,8 applies to --lr-mode step, not cosine"),
     (["--data-dir", "/nonexistent/fmnist"], "does not hold the FashionMNIST"),
 ])
 def test_train_user_errors_exit_2_with_one_line(tmp_path, capsys, args, message):

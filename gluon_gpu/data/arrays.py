@@ -108,15 +108,25 @@ def _targets(y, name):
     y = np.asarray(y)
     if y.ndim == 0:
         raise DataError(f"{name} is a single value, not one target per sample")
-    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
+    if y.dtype == bool:
+        raise DataError(f"{name} is bool: give class labels as integers (0, 1) to classify, or floats to regress")
+    if not np.issubdtype(y.dtype, np.number):
         raise DataError(f"{name} is {y.dtype}, not numbers: integer labels classify, floats regress")
+    _real(y, name)
     return y
+
+
+def _real(array, name):
+    if np.issubdtype(array.dtype, np.complexfloating):
+        raise DataError(f"{name} is {array.dtype}: complex values are not taken (their imaginary part would be "
+                        "dropped); give real numbers")
 
 
 def _inputs(x, name):
     x = np.asarray(x)
     if x.dtype != np.uint8 and not np.issubdtype(x.dtype, np.number):
         raise DataError(f"{name} is {x.dtype}, not numbers")
+    _real(x, name)
     if x.ndim == 3:
         x = x[:, None]  # grayscale images: one channel
     if x.ndim not in (2, 4):

@@ -148,6 +148,23 @@ def unit_fraction(text):
     return value
 
 
+def epoch_list(text):
+    """Comma-separated epochs, each a positive whole number, in increasing order: '6,8'
+    (normalized). Empty items, zero, negatives and repeats are refused: a schedule at
+    epochs 0,-3 trained at a thousandth of the rate from the start."""
+    if not text:
+        return ""  # none given
+    items = text.split(",")
+    if any(not item.strip() for item in items):
+        raise argparse.ArgumentTypeError(f"an empty item in {text!r}: give epochs like 6,8")
+    epochs = [_number(int, item.strip()) for item in items]
+    if any(e < 1 for e in epochs):
+        raise argparse.ArgumentTypeError(f"epochs count from 1, got {text!r}")
+    if any(a >= b for a, b in zip(epochs, epochs[1:])):
+        raise argparse.ArgumentTypeError(f"epochs must increase, got {text!r}")
+    return ",".join(map(str, epochs))
+
+
 def thread_count(text):
     """A thread count for MXNet's variables at start: 0 (as set) or up to what
     core/environment.py accepts of them."""

@@ -16,7 +16,7 @@ from ..data.augment import augment_help
 from ..models.fused_conv import MODES
 from ..models.member_stack import LAYOUTS
 from ..models.zoo import MODELS, ZOO_EXAMPLES
-from .cli import as_flags, below_one, non_negative_float, non_negative_int, positive_float, \
+from .cli import as_flags, below_one, epoch_list, non_negative_float, non_negative_int, positive_float, \
     positive_int, seed, thread_count
 
 OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
@@ -130,7 +130,8 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     lr_mode: str = _flag("constant", "gluoncv LRScheduler mode, stepped per batch", choices=LR_MODES,
                          brief="the learning rate schedule")
     lr_decay: float = _flag(0.1, "factor at each --lr-decay-epoch", type=positive_float)
-    lr_decay_epoch: str = _flag("", "comma-separated epochs for --lr-mode step, e.g. 6,8")
+    lr_decay_epoch: str = _flag("", "comma-separated epochs for --lr-mode step, increasing, e.g. 6,8",
+                                type=epoch_list)
     warmup_epochs: int = _flag(0, "epochs of linear LR warmup from --warmup-lr, in front of any --lr-mode",
                                type=non_negative_int)
     warmup_lr: float = _flag(0.0, "the learning rate warmup starts from", type=non_negative_float)

@@ -216,7 +216,7 @@ def lr_scheduler(config, iters_per_epoch):
     from gluoncv.utils import LRScheduler, LRSequential
     if (config.epochs - warmup) * iters_per_epoch < 2:
         raise UserError(f"`lr_mode` {config.lr_mode} needs at least 2 updates (epochs x batches)")
-    steps = _epochs_list(config.lr_decay_epoch) if config.lr_mode == "step" else None
+    steps = _decay_epochs(config)
     # gluoncv clamps the update count to its last iteration, niters - 1, but MXNet
     # counts updates from 1: the last step of a run ending at a decay epoch missed the
     # decay, unlike the same step of a longer run (a resume with more --epochs).
@@ -232,11 +232,14 @@ def lr_scheduler(config, iters_per_epoch):
                                      iters_per_epoch=iters_per_epoch), main])
 
 
-def _epochs_list(text):
-    try:
-        epochs = [int(e) for e in text.split(",") if e.strip()]
-    except ValueError:
-        raise UserError(f"`lr_decay_epoch` {text!r}: expected comma-separated epochs like 6,8") from None
-    if not epochs:
+def _decay_epochs(config):
+    """``lr_decay_epoch`` as epochs (cli.epoch_list checked the text) for ``lr_mode``
+    step; given with another mode, where it would change nothing, it is refused."""
+    if config.lr_mode != "step":
+        if config.lr_decay_epoch:
+            raise UserError(f"`lr_decay_epoch` {config.lr_decay_epoch} applies to `lr_mode` step, not "
+                            f"{config.lr_mode}")
+        return None
+    if not config.lr_decay_epoch:
         raise UserError("`lr_mode` step needs `lr_decay_epoch`, e.g. 6,8")
-    return epochs
+    return [int(e) for e in config.lr_decay_epoch.split(",")]

@@ -145,8 +145,8 @@ def _range(name, key, parts):
 def _value(name, key, text):
     """``text`` as flag ``name`` takes it (the flag's own type and choices)."""
     meta = _FIELDS[name].metadata
-    if name == "lr_decay_epoch":
-        return text.replace("/", ",")
+    if name == "lr_decay_epoch":  # a sweep's values are comma-separated: 6/8 is one value
+        text = text.replace("/", ",")
     try:
         value = meta["type"](text) if "type" in meta else text
     except (argparse.ArgumentTypeError, ValueError) as e:
