@@ -5,13 +5,14 @@ are fitted to a CPU quota, and a Ctrl-C while it is imported is one line, as lat
 import importlib
 import sys
 
-from .core import environment  # imports no MXNet
+from .core import environment, signals  # import no MXNet
 
 
 def program(name):
     """The ``main(argv=None) -> exit status`` of ``programs/<name>.py``, imported on its
     first call."""
     def main(argv=None):
+        signals.raise_on_stop_signals()
         found = environment.problem()
         if found:
             print(f"gluon_gpu: error: {found}", file=sys.stderr)
@@ -22,6 +23,9 @@ def program(name):
         except KeyboardInterrupt:
             print(f"gluon_gpu.{name}: interrupted", file=sys.stderr)
             return 130
+        except signals.Stopped as e:
+            print(f"gluon_gpu.{name}: stopped by {e}", file=sys.stderr)
+            return 128 + e.signum
         return module.main(argv)
     main.__name__ = main.__qualname__ = f"{name}_main"
     return main

@@ -184,7 +184,7 @@ def straight_longer(tmp_path_factory):
     return trained_run(tmp_path_factory, LONGER, "straight")
 
 
-@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_signal_checkpoints_mid_epoch_and_resume_is_exact(straight_longer, tmp_path, signum, code):
     out = str(tmp_path / "run")
     proc = start(LONGER + ["--out", out, "--log-interval", "1"])
@@ -252,7 +252,7 @@ def test_chaos_kills_in_a_row_end_where_a_straight_run_ends(straight_chaos, tmp_
         elif resuming:
             assert table_exit("Ctrl-C / SIGTERM while training", proc.returncode), (how, err)
         else:
-            assert table_exit("Ctrl-C (or SIGTERM) during start-up", proc.returncode), (how, err)
+            assert table_exit("Ctrl-C (or SIGTERM, SIGHUP) during start-up", proc.returncode), (how, err)
         directory, state = latest_checkpoint(out)
         if directory:
             assert_loadable(out, first_epoch=0)

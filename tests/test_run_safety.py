@@ -183,11 +183,30 @@ def test_ctrl_c_at_any_moment_of_start_up_is_130_and_at_most_one_line(tmp_path, 
             wait_for(lambda: _mapped(proc.pid, "libmxnet.so") or proc.poll() is not None)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-        assert table_exit("Ctrl-C (or SIGTERM) during start-up", proc.returncode), (moment, err)
+        assert table_exit("Ctrl-C (or SIGTERM, SIGHUP) during start-up", proc.returncode), (moment, err)
         assert err.strip().splitlines() == ([] if moment == "at once" else [f"gluon_gpu.{program}: interrupted"]), err
     assert not os.path.exists(out)
     if program == "train":
         assert train.main(SMALL + ["--epochs", "1", "--out", out]) == 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("program", ["train", "evaluate", "pack"])
+def test_sigterm_and_sighup_at_start_up_are_one_line_as_ctrl_c_is(tmp_path, image_folder, program, signum):
+    """Every program handles them from its first instruction: while MXNet imports, the
+    one line and the shell's 128 + N; no traceback, nothing left behind."""
+    out = str(tmp_path / "out")
+    args = {"train": SMALL + ["--epochs", "2", "--out", out], "evaluate": ["--devices", "cpu"],
+            "pack": [image_folder, out]}[program]
+    proc = subprocess.Popen([sys.executable, "-m", f"gluon_gpu.{program}"] + args, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
+    wait_for(lambda: _mapped(proc.pid, "libmxnet.so") or proc.poll() is not None)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    fault = "Ctrl-C (or SIGTERM, SIGHUP) during start-up" if program == "train" else "SIGTERM or SIGHUP to"
+    assert table_exit(fault, proc.returncode) and proc.returncode == 128 + signum, err
+    assert err.strip().splitlines() == [f"gluon_gpu.{program}: stopped by {signal.Signals(signum).name}"], err
+    assert not os.path.exists(out) or not [n for n in os.listdir(out) if n.endswith(".partial")]
 
 
 def test_ctrl_c_inside_the_first_checkpoint_leaves_a_run_that_starts_afresh(tmp_path, runs):
@@ -196,7 +215,7 @@ def test_ctrl_c_inside_the_first_checkpoint_leaves_a_run_that_starts_afresh(tmp_
     wait_for(lambda: checkpoint_names(out, hidden=True))  # inside the step-0 write
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert table_exit("Ctrl-C (or SIGTERM) during start-up", proc.returncode), err
+    assert table_exit("Ctrl-C (or SIGTERM, SIGHUP) during start-up", proc.returncode), err
     assert err.strip().splitlines() == ["gluon_gpu.train: interrupted"], err
     assert complete_checkpoints(out) == []
     assert train.main(SMALL + ["--epochs", "4", "--out", out]) == 0  # the same command again

@@ -3,15 +3,13 @@ push and pull over the job's kvstore: the sums of the metric figures, a vote to 
 a signal (all must stop after the same step, or the ones still stepping wait forever
 for the others' gradients), and whether any worker asks for something (early stopping).
 A job of one process answers every question from its own figures."""
-import signal
-
 import numpy as np
 from mxnet import nd
 
 from .modes import semantics
+from .signals import STOP_SIGNALS
 from .spread_members import SpreadMembers
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # what a training loop stops on, in precedence
 _METRIC_KEY = 1 << 20  # beyond any parameter index
 _STOP_KEY, _STATE_KEY, _SHARE_KEY, _PRUNED_KEY = (_METRIC_KEY + i for i in range(1, 5))
 
@@ -92,13 +90,13 @@ class Workers:
         """Whether ``flag`` holds on any worker."""
         if not self.sync:
             return bool(flag)
-        return self._sum(_STOP_KEY, [float(bool(flag)), 0.0])[0] > 0
+        return self._sum(_STOP_KEY, [float(bool(flag))] + [0.0] * (len(STOP_SIGNALS) - 1))[0] > 0
 
     def agree_to_stop(self, signum, sync_point):
         """The signal to stop on after this step, or None. One process: its own request
         (``signum``), at once. Synchronous workers: at sync points only, any worker's
         request, so all stop together; SIGTERM wins over SIGINT when workers got
-        different ones."""
+        different ones (STOP_SIGNALS' order)."""
         if not self.sync:
             return signum
         if not sync_point:

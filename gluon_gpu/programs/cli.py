@@ -9,6 +9,7 @@ import shlex
 import sys
 
 from ..core.errors import UserError
+from ..core.signals import Stopped
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -232,7 +233,8 @@ def as_flags(text):
 def main_guard(prog):
     """Decorate a CLI ``main(argv) -> int``: UserError -> 'prog: error: ...' on stderr, exit 2;
     Ctrl-C before the program installed its own handling (start-up, data loading) -> one
-    line, exit 130 (training itself checkpoints on Ctrl-C: programs/train.py)."""
+    line, exit 130, and SIGTERM or SIGHUP likewise, 143 or 129 (training itself
+    checkpoints on them: programs/train.py)."""
     def decorate(main):
         @functools.wraps(main)
         def run(argv=None):
@@ -246,5 +248,8 @@ def main_guard(prog):
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
                 return 130
+            except Stopped as e:  # SIGTERM or SIGHUP outside training (core/signals.py)
+                print(f"{prog}: stopped by {e}", file=sys.stderr)
+                return 128 + e.signum
         return run
     return decorate

@@ -32,6 +32,7 @@ import uuid
 
 from . import remote_role
 from ..core.errors import UserError
+from ..core.signals import STOP_SIGNALS
 from .cli import Parser, main_guard, non_negative_int, positive_int
 
 JOB_ENV = "GLUON_GPU_JOB"  # marks every process of a job (tests look for leftovers by it)
@@ -252,7 +253,7 @@ def main(argv=None):
     job_id = os.environ.get(JOB_ENV) or uuid.uuid4().hex  # a caller may name the job
     deadline = time.monotonic() + args.timeout if args.timeout else None
     stop, failure = [], None
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:  # passed on to the workers (SIGHUP: the session that started it closed)
         signal.signal(signum, lambda s, _f: stop.append(s))
     for restart in range(args.max_restarts + 1):
         if restart:

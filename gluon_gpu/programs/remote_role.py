@@ -15,7 +15,7 @@ import sys
 import threading
 
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
-CONTROL = ("SIGTERM", "SIGINT")  # what the control line may ask for
+CONTROL = ("SIGTERM", "SIGHUP", "SIGINT")  # what the control line may ask for
 
 
 def die_with_parent():

@@ -18,6 +18,7 @@ from ..core.files import RunLock, remove_temporaries
 from ..core.loggers import TrainLog, show
 from ..core.loop import Interrupted, StopFlag, fit
 from ..core.params import ParamSnapshot, save_arrays, save_parameters
+from ..core.signals import STOP_SIGNALS
 from ..models.fused_conv import is_fused
 from ..models.init import ensemble_engine_workers
 from ..models.member_stack import ensemble_variables
@@ -172,12 +173,11 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
                                 history) if say else []
     checkpointer = Checkpointer(out, dp, record, config, run.train.turns, run.ema)
     last_good = _KeepLastGood(dp.net, start[0])
-    stop = StopFlag()
+    stop, before = StopFlag(), {}
     try:
         if not resumed:  # from here on a kill at any moment leaves something to resume
             checkpointer.save(0, 0, [])  # (Ctrl-C inside it: KeyboardInterrupt, exit 130, main_guard)
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, stop.request)
+        before = {signum: signal.signal(signum, stop.request) for signum in STOP_SIGNALS}
         return _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, progress, say, monitor)
     except WriteError as e:
         recorded = _end(callbacks, history, "failed", str(e))
@@ -192,8 +192,9 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
                 say.record(line)
         return 1
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, before.get(signum, signal.default_int_handler if signum == signal.SIGINT
+                                             else signal.SIG_DFL))
 
 
 def _resume_command(out):

@@ -1,0 +1,35 @@
+"""The signals that stop a program, handled alike from its first instruction: SIGTERM
+(a scheduler, ``kill``) and SIGHUP (a closed terminal or ssh session) as Ctrl-C's
+SIGINT is. Outside training they raise :class:`Stopped` (the programs' main_guard turns
+it into one line and the shell's 128 + N); training installs its own handlers, which
+checkpoint after the step in progress (programs/train.py). Imports no MXNet."""
+import os
+import signal
+
+# What a training loop stops on, in precedence when workers got different ones.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class Stopped(BaseException):
+    """A stop signal outside training; a BaseException, as KeyboardInterrupt is, so that
+    no ``except Exception`` swallows it."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_on_stop_signals():
+    """SIGTERM and SIGHUP raise Stopped in this process; a process forked from it (a
+    DataLoader or pack worker) still ends as the signal's default does, quietly."""
+    owner = os.getpid()
+
+    def handler(signum, _frame):
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Stopped(signum)
+
+    for signum in STOP_SIGNALS[:2]:
+        signal.signal(signum, handler)
