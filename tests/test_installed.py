@@ -106,8 +106,8 @@ def test_every_program_of_the_installed_wheel_answers_help(installed):
 
 def test_the_installed_wheel_trains_evaluates_predicts_and_exports(installed, small_fashion):
     bin_dir, env, elsewhere = installed
-    trained = run(["gluon-gpu-train", "--data-dir", small_fashion, "--devices", "cpu*2", "--epochs", "2",
-                   "--out", "runs/quick"], cwd=elsewhere, env=env)
+    trained = run(["gluon-gpu-train", "--data-dir", small_fashion, "--devices", "cpu*2", "--batch-size", "64",
+                   "--momentum", "0.9", "--epochs", "2", "--out", "runs/quick"], cwd=elsewhere, env=env)
     assert "fused conv+relu+pool" in trained.stdout, trained.stdout  # kernels/*.cc came with the wheel
     assert (elsewhere / "runs" / "quick" / "best.params").exists()
     evaluated = run(["gluon-gpu-evaluate", "--params", "runs/quick", "--data-dir", small_fashion], cwd=elsewhere,

@@ -83,6 +83,13 @@ def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, capsys):
     assert open(tmp_path / "r" / "train.log").read().splitlines()[1] == warning  # the log keeps it too
 
 
+def test_decay_epochs_of_another_schedule_are_warned_about(tmp_path, capsys):
+    assert train.main(SHORT + ["--out", str(tmp_path / "r"), "--dry-run", "--lr-mode", "cosine",
+                               "--lr-decay-epoch", "6,8"]) == 0
+    assert ("gluon_gpu.train: warning: --lr-decay-epoch 6,8 changes nothing with --lr-mode cosine (it sets the decay "
+            "epochs of --lr-mode step)") in capsys.readouterr().err
+
+
 def test_a_scheduled_run_prints_no_mxnet_warning(tmp_path, capsys):
     assert train.main(SHORT + ["--out", str(tmp_path / "r"), "--lr-mode", "cosine", "--warmup-epochs", "1"]) == 0
     assert "overwritten" not in capsys.readouterr().out
@@ -153,3 +160,29 @@ def test_an_ensemble_epoch_line_says_what_its_spread_is():
     assert "members val-acc min/median/max 0.8000/0.8200/0.8400" in line
     assert "ensemble val-acc 0.8500" in line and "ensemble val-top5 0.9900" in line
     assert line.count("min/median/max") == 1 and len(line) < 250
+
+
+def test_a_run_that_learns_nothing_says_so_once_and_metrics_json_keeps_it():
+    from gluon_gpu.core.callbacks import GuessingWatch
+    said, history = [], []
+    watch = GuessingWatch(3, 0.1, lambda line, stream=None: said.append(line))
+    for epoch, loss in enumerate([1.0990, 1.0979, 1.0986, 1.0986], 1):  # ln 3 = 1.0986: guessing
+        history.append({"epoch": epoch, "train_loss": loss})
+        watch.on_epoch_end(history[-1], history)
+    assert len(said) == 1 and "warning" in history[1] and "warning" not in history[2]
+    assert said[0].startswith("gluon_gpu.train: warning: the training loss has stayed at 1.0979 for 2 epochs, the "
+                              "cost of guessing among 3 classes (ln 3 = 1.0986)") and "--lr 0.1" in said[0]
+    learning = GuessingWatch(3, 0.1, lambda line, stream=None: said.append(line))
+    for losses in ([1.09, 0.7], [1.12, 1.08]):  # a loss that falls, even near ln 3, says nothing
+        history = [{"epoch": e, "train_loss": loss} for e, loss in enumerate(losses, 1)]
+        learning.on_epoch_end(history[-1], history)
+    assert len(said) == 1
+
+
+def test_a_real_run_at_a_learning_rate_that_cannot_move_it_is_warned_about(tmp_path, capsys):
+    out = str(tmp_path / "r")
+    assert train.main(SHORT + ["--out", out, "--lr", "1e-9", "--epochs", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "gluon_gpu.train: warning: the training loss has stayed at" in err and "(--lr 1e-09)" in err
+    assert "the network learns nothing" in read_metrics(out)["epochs"][1]["warning"]
+    assert "learns nothing" in open(os.path.join(out, "train.log")).read()

@@ -226,9 +226,7 @@ def expected_stops(epochs, rule, warmup):
         assert all((figures[k] is None) == (k not in running) for k in range(len(figures)))
         values = {k: figures[k] for k in running}
         e = record["epoch"]
-        if e == epochs[-1]["epoch"]:  # after the last epoch no member is pruned: every one has ended
-            drop = []
-        elif rule == "median" and e >= warmup:
+        if rule == "median" and e >= warmup:
             drop = [k for k, v in values.items() if v < np.median(list(values.values()))]
         elif rule == "halving" and e in (warmup, 2 * warmup, 4 * warmup):
             drop = sorted(values, key=lambda k: (-values[k], k))[len(values) - len(values) // 2:]
@@ -251,7 +249,8 @@ def test_pruned_members_stop_where_the_rule_says_and_the_others_train_on_unaffec
     stops = expected_stops(metrics["epochs"], rule, warmup)
     assert stops[3] == warmup  # the member that cannot learn goes at the first judgement
     assert metrics["epochs"][-1]["stopped"] == {str(k): e for k, e in sorted(stops.items())}
-    assert {r["member"]: r["pruned_after"] for r in metrics["sweep"]} == {k: stops.get(k) for k in range(4)}
+    stopped_early = {k: e for k, e in stops.items() if e < 3}  # a stop after the last epoch: trained to the end
+    assert {r["member"]: r["pruned_after"] for r in metrics["sweep"]} == {k: stopped_early.get(k) for k in range(4)}
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
     for epoch, line in enumerate(lines, 1):  # the epoch line says who stopped
         stopped = sorted(str(k) for k, e in stops.items() if e == epoch)
@@ -276,8 +275,6 @@ def test_the_rules_judge_only_the_members_still_training():
     assert history[0]["stopped"] == {} and history[1]["stopped"] == {"1": 2}  # nothing before epoch 2
     assert history[2]["member_val_acc"] == [0.7, None, 0.6] and history[2]["stopped"] == {"1": 2, "2": 3}
     assert set(stopped) == {1, 2}
-    last = Pruning("median", "val_acc", False, 2, stopped.extend, last_epoch=3)
-    assert last.decide(history[1]) == [1] and last.decide(history[2]) == []  # a 3-epoch run's end stops none
     lower = Pruning("halving", "val_loss", True, 1, stopped.extend)
     assert lower.decide({"epoch": 1, "member_val_loss": [0.5, 0.1, 0.4, None, 0.2]}) == [2, 0]
     assert lower.decide({"epoch": 3, "member_val_loss": [0.5, 0.1]}) == []  # not a rung (1, 2, 4...)
@@ -412,3 +409,15 @@ def test_a_sweep_with_an_epoch_shaped_schedule_keeps_its_epochs_on_resume(tmp_pa
     assert train.main(SMALL + ["--sweep", "lr-mode=constant,cosine", "--epochs", "1", "--out", out]) == 0
     assert train.main(["--resume", out, "--epochs", "2", "--quiet"]) == 2
     assert "--epochs cannot change on --resume with --lr-mode cosine" in capsys.readouterr().err
+
+
+def test_a_stop_decided_after_the_last_epoch_reads_as_trained_to_the_end(tmp_path):
+    """A 2-epoch sweep whose rule stops member 1 after epoch 2 has trained it every
+    epoch: the table says so (a longer resumed run, like a longer straight one, keeps it
+    stopped from epoch 3 on: the record keeps the decision)."""
+    from gluon_gpu.programs.sweep_results import SweepTable, sweep_monitor
+    members = [RunConfig(lr=0.1), RunConfig(lr=0.2), RunConfig(lr=1e-9)]
+    history = [{"epoch": 1, "member_val_acc": [0.5, 0.4, 0.1], "stopped": {"2": 1}},
+               {"epoch": 2, "member_val_acc": [0.6, 0.5, None], "stopped": {"1": 2, "2": 1}}]
+    rows = SweepTable(str(tmp_path), members, sweep_monitor("val-acc", ["acc"], members)).rows(history)
+    assert {r["member"]: r["pruned_after"] for r in rows} == {0: None, 1: None, 2: 1}

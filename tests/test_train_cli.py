@@ -170,7 +170,6 @@ def test_evaluate_rejects_parameters_of_another_zoo_model(trained, capsys):
     (["--lr-mode", "step", "--lr-decay-epoch", "1,,2"], "--lr-decay-epoch: an empty item in '1,,2'"),
     (["--lr-mode", "step", "--lr-decay-epoch", "2,2"], "epochs must increase"),
     (["--lr-mode", "step", "--lr-decay-epoch", "1.5"], "not a whole number: '1.5'"),
-    (["--lr-mode", "cosine", "--lr-decay-epoch", "6,8"], "--lr-decay-epoch 6,8 applies to --lr-mode step, not cosine"),
     (["--data-dir", "/nonexistent/fmnist"], "does not hold the FashionMNIST"),
 ])
 def test_train_user_errors_exit_2_with_one_line(tmp_path, capsys, args, message):

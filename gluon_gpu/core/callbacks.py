@@ -1,5 +1,7 @@
 """Small, separate pieces that react to finished epochs: the log line, metrics.json, curves.png."""
+import math
 import os
+import sys
 
 from .files import atomic_write, write_json
 
@@ -120,3 +122,32 @@ def plot_curves(history, path):
         ax.set_ylabel(name)
         ax.legend()
     save_figure(fig, path)
+
+
+class GuessingWatch:
+    """A run that learns nothing says so: when a classifier's training loss has stayed at
+    the cost of guessing, ln(classes), for ``epochs`` epochs in a row (within 5% of it, and
+    falling by under 1% over them), one warning line
+    (``say(line, stream)``) naming the likely cause, and the record of that epoch keeps
+    it under ``"warning"`` (metrics.json). Once per run."""
+    NEAR, FALLING = 0.05, 0.01  # near ln(classes): the softmax still spreads about evenly
+
+    def __init__(self, classes, lr, say, epochs=2):
+        self.guess = math.log(classes) if classes and classes > 1 else None
+        self.lr, self.say, self.epochs, self.warned = lr, say, epochs, False
+
+    def on_epoch_end(self, record, history):
+        if self.warned or self.guess is None or len(history) < self.epochs:
+            return
+        losses = [r.get("train_loss") for r in history[-self.epochs:]]
+        if all(loss is not None and abs(loss - self.guess) <= self.NEAR * self.guess for loss in losses) and \
+                losses[0] - losses[-1] < self.FALLING * losses[0]:
+            self.warned = True
+            record["warning"] = (f"the training loss has stayed at {losses[-1]:.4f} for {self.epochs} epochs, the "
+                                 f"cost of guessing among {round(math.exp(self.guess))} classes (ln "
+                                 f"{round(math.exp(self.guess))} = {self.guess:.4f}): the network learns nothing; "
+                                 f"the likely cause is the learning rate (--lr {self.lr:g}): try a tenth of it")
+            self.say(f"gluon_gpu.train: warning: {record['warning']}", sys.stderr)
+
+    def on_train_end(self, history, status, reason=None):
+        pass

@@ -62,6 +62,18 @@ def _write_checkpoint(tmp, dp, state, extras):
 REQUIRED = {"epoch": int, "batch": int, "seconds": (int, float), "metrics": dict, "history": list, "config": dict}
 
 
+def _inconsistency(state):
+    """What in a checkpoint's state contradicts itself, or '': the position is not
+    negative, and the history holds exactly the finished epochs, 1 to ``epoch``."""
+    for key in ("epoch", "batch", "seconds"):
+        if isinstance(state[key], bool) or state[key] < 0:
+            return f"{key} {state[key]!r}"
+    epochs = [r.get("epoch") if isinstance(r, dict) else None for r in state["history"]]
+    if epochs != list(range(1, state["epoch"] + 1)):
+        return f"epoch {state['epoch']}, but the history holds epochs {epochs[:5]}{'...' if len(epochs) > 5 else ''}"
+    return ""
+
+
 def _read_state(directory):
     """``(state, None)`` for a complete checkpoint, else ``(None, what is wrong)``: every
     file present, state.json valid and holding the fields a resume reads."""
@@ -77,6 +89,9 @@ def _read_state(directory):
     wrong = [k for k, kind in REQUIRED.items() if not isinstance(state.get(k), kind)]
     if wrong:
         return None, "state.json lacks or garbles " + ", ".join(wrong)
+    inconsistent = _inconsistency(state)
+    if inconsistent:
+        return None, f"state.json does not hold together: {inconsistent}"
     if not (os.path.isfile(os.path.join(directory, "net.params")) and has_optimizer_state(directory)):
         return None, "a file is missing"
     return state, None

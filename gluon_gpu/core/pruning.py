@@ -36,16 +36,14 @@ RULES = {"median": "Optuna's median rule: from epoch W on, a member worse than t
 
 class Pruning:
     """Callback: which members stop after each epoch, by ``rule`` (RULES) on ``key``
-    (``val_acc``; ``lower``: lower is better) from epoch ``warmup`` on and before
-    ``last_epoch`` (after the last, every member has ended anyway); ``stop(members)``
+    (``val_acc``; ``lower``: lower is better) from epoch ``warmup`` on; ``stop(members)``
     stops them (DataParallel's placed members). It runs before the callbacks that write
     the record: a member stopped at an earlier epoch gets None for every figure."""
 
-    def __init__(self, rule, key, lower, warmup, stop, last_epoch=None):
+    def __init__(self, rule, key, lower, warmup, stop):
         if rule not in RULES:
             raise ValueError(f"unknown prune rule {rule!r}: choose one of {', '.join(RULES)}")
         self.rule, self.key, self.lower, self.warmup, self.stop = rule, "member_" + key, lower, warmup, stop
-        self.last_epoch = last_epoch
 
     def stopped(self, history):
         """``{member: the epoch it stopped after}`` over ``history``."""
@@ -59,8 +57,7 @@ class Pruning:
         """The members the rule stops after ``record``'s epoch."""
         figures = {k: v for k, v in enumerate(record.get(self.key) or []) if v is not None}
         epoch = record["epoch"]
-        if len(figures) < 2 or epoch < self.warmup or epoch == self.last_epoch or \
-                (self.rule == "halving" and not _is_rung(epoch, self.warmup)):
+        if len(figures) < 2 or epoch < self.warmup or (self.rule == "halving" and not _is_rung(epoch, self.warmup)):
             return []
         return (_median if self.rule == "median" else _halving)(figures, self.lower)
 

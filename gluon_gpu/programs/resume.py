@@ -102,6 +102,10 @@ def resume_point(out, run, config, say, monitor):
             skip(directory, f"{dp.num_workers} workers cannot continue exactly from its position (epoch "
                             f"{state['epoch'] + 1}, global batch {state['batch']} of {workers} workers)")
             continue
+        if batch >= len(run.train):
+            skip(directory, f"its position, batch {batch + 1} of epoch {state['epoch'] + 1}, is past the "
+                            f"{len(run.train)} batches of an epoch of this run")
+            continue
         turns = state.get("turns", 1)
         if batch and turns != run.train.turns:
             skip(directory, f"it stopped inside epoch {state['epoch'] + 1} with the members training "

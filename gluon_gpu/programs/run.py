@@ -123,6 +123,9 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     warnings = []
     if config.sync_bn and not synced:
         warnings.append(f"`sync_bn`: {config.model} has no BatchNorm layer; nothing to synchronize")
+    if config.lr_decay_epoch and config.lr_mode != "step":
+        warnings.append(f"`lr_decay_epoch` {config.lr_decay_epoch} changes nothing with `lr_mode` {config.lr_mode} "
+                        "(it sets the decay epochs of `lr_mode` step)")
     if config.batch_size * shard[1] > len(data.train_y):
         warnings.append(f"`batch_size` {config.batch_size * shard[1]} is larger than the {len(data.train_y)} "
                         f"training samples: every epoch is one update of {len(data.train_y)} samples")
@@ -234,11 +237,8 @@ def lr_scheduler(config, iters_per_epoch):
 
 def _decay_epochs(config):
     """``lr_decay_epoch`` as epochs (cli.epoch_list checked the text) for ``lr_mode``
-    step; given with another mode, where it would change nothing, it is refused."""
+    step, else None (another mode ignores it: build_run warns)."""
     if config.lr_mode != "step":
-        if config.lr_decay_epoch:
-            raise UserError(f"`lr_decay_epoch` {config.lr_decay_epoch} applies to `lr_mode` step, not "
-                            f"{config.lr_mode}")
         return None
     if not config.lr_decay_epoch:
         raise UserError("`lr_mode` step needs `lr_decay_epoch`, e.g. 6,8")

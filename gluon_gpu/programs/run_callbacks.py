@@ -3,11 +3,12 @@ metrics.json, curves.png, metrics.csv, best.params, TensorBoard, the profiler an
 stopping."""
 import os
 
-from ..core.callbacks import CurvesPlot, EpochPrinter, MetricsFile
+from ..core.callbacks import CurvesPlot, EpochPrinter, GuessingWatch, MetricsFile
 from ..core.early_stopping import BestParams, EarlyStopping, Monitor
 from ..core.loggers import MetricsCsv, TensorBoard
 from ..core.profiling import StepProfiler
 from ..core.pruning import Pruning
+from .sweep import member_count
 from .sweep_results import SweepRecord, SweepTable, sweep_monitor
 
 DEFAULT_MONITOR = {"classify": "val-acc", "regress": "val-mse"}
@@ -31,12 +32,13 @@ def chief_callbacks(config, run, out, header, monitor, say=print, resumed_at=Non
     if run.sweep:  # first too: they shape the record the others write
         callbacks.append(SweepRecord())
         if config.prune != "off":
-            pruning = Pruning(config.prune, monitor.key, monitor.lower, config.prune_warmup, run.dp.net.stop,
-                              config.epochs)
+            pruning = Pruning(config.prune, monitor.key, monitor.lower, config.prune_warmup, run.dp.net.stop)
             pruning.resume(history)
             callbacks.append(pruning)
-    callbacks += [EpochPrinter(config.epochs, say),
-                  BestParams(os.path.join(out, "best.params"), run.dp.net, monitor, run.ema),
+    callbacks.append(EpochPrinter(config.epochs, say))
+    if run.data.spec.task == "classify" and member_count(config) == 1:  # members sum their losses
+        callbacks.append(GuessingWatch(len(run.data.spec.classes or ()), config.lr, say))
+    callbacks += [BestParams(os.path.join(out, "best.params"), run.dp.net, monitor, run.ema),
                   MetricsFile(os.path.join(out, "metrics.json"), header,
                               extra=lambda history: {"best": monitor.summary(history),
                                                      **({"sweep": table.rows(history)} if table else {})}),

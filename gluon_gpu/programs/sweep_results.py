@@ -42,8 +42,12 @@ class SweepTable:
 
     def rows(self, history):
         """One dict per member, best first: its values of the varied flags, its best
-        figure and epoch, its last figure, and the epoch it was pruned after (or None)."""
+        figure and epoch, its last figure, and the epoch it was pruned after (or None: it
+        trained every epoch, a stop decided after the last one included, which only a
+        longer resumed run would act on)."""
         stopped = history[-1].get("stopped", {}) if history else {}
+        last = history[-1]["epoch"] if history else 0
+        stopped = {k: e for k, e in stopped.items() if e < last}
         rows = []
         for k, member in enumerate(self.members):
             figures = [(r["epoch"], self.monitor.figures(r).get(k)) for r in history]
