@@ -37,16 +37,29 @@ def memory_group(limit_bytes):
 
 
 def _remove(group):
-    """rmdir once the group is empty: a killed member leaves it a moment after it exits."""
-    for _ in range(10_000):
+    """rmdir once the group is empty: a killed member leaves it a moment after it exits,
+    and so may the worker processes of a member that ended (they are waited for, by
+    their state, never longer than they live)."""
+    for _ in range(100_000):
         try:
             os.rmdir(group)
             return
         except OSError:
             with open(os.path.join(group, "cgroup.procs")) as f:
-                if f.read().strip():
-                    raise
+                left = f.read().split()
+            if left and not all(os.path.exists(f"/proc/{pid}") for pid in left):
+                continue  # one is going: look again
+            if left and any(_state(pid) not in ("Z", "X") for pid in left):
+                os.sched_yield()
     os.rmdir(group)
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"
 
 
 def run_in(group, argv, **kwargs):

@@ -1,6 +1,7 @@
 import gzip
 import json
 import os
+import signal
 import struct
 import sys
 
@@ -12,6 +13,12 @@ from gluon_gpu.core.precision import cpu_flags
 from gluon_gpu.data.fashion_mnist import fashion_spec, find_data_dir, load_split
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
+# A suite started in the background by a non-interactive shell (`make test &`) inherits
+# SIGINT ignored, and so would every program it starts, which the Ctrl-C tests need to
+# receive it: a handler here becomes the default again in each child at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 needs_bf16 = pytest.mark.skipif(not cpu_flags() & {"avx512_bf16", "amx_bf16"},
                                 reason="this CPU has no AVX-512 BF16 instructions")
