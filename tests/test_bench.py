@@ -100,7 +100,7 @@ def test_ensemble_bench_times_every_spec_and_layout_against_k_times_one(tmp_path
     for r in rows:
         assert r["member_samples_per_s"] == pytest.approx(512 * r["members"] / r["median_epoch_s"])
         assert r["speedup_vs_one_by_one"] == pytest.approx(r["one_by_one_epoch_s"] / r["median_epoch_s"])
-        assert r["one_by_one_epoch_s"] > r["members"] * 0.3 * rows[0]["median_epoch_s"]  # K x a K=1 epoch
+        assert r["one_epoch_s"] > 0 and r["one_by_one_epoch_s"] == pytest.approx(r["members"] * r["one_epoch_s"])
     with open(os.path.join(out, "ensemble.png"), "rb") as f:
         assert f.read(4) == b"\x89PNG"
 

@@ -145,9 +145,8 @@ def test_a_dead_worker_stops_the_whole_job_and_leaves_no_process(tmp_path):
     workers = [pid for pid, role in job_processes(job) if role == "worker"]
     assert len(workers) == 2
     os.kill(workers[1], signal.SIGKILL)
-    killed_at = time.time()
-    _, err = proc.communicate(timeout=60)
-    assert time.time() - killed_at < 20  # bounded: the poll, then SIGTERM, grace, SIGKILL
+    _, err = proc.communicate(timeout=60)  # bounded: the poll, then SIGTERM, grace, SIGKILL
+    assert len(read_metrics(tmp_path / "run")["epochs"]) < 100  # stopped, not run out
     assert table_exit("a process of a distributed job dies", proc.returncode)
     lines = err.strip().splitlines()
     assert lines[-1].startswith("gluon_gpu.launch: worker ") and "killed by SIGKILL" in lines[-1]

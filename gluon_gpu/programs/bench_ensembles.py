@@ -107,7 +107,7 @@ def bench_ensembles(args, parser, bar, data, runs):
             single = single["median_epoch_s"]
             row.setdefault("engine_threads", thread_settings()["engine_threads"])
             row.update(spec=spec, layout=resolved, auto=asked == "auto", members=k, model=model,
-                       member_samples_per_s=row["samples_per_s"] * k, one_by_one_epoch_s=k * single,
+                       member_samples_per_s=row["samples_per_s"] * k, one_epoch_s=single, one_by_one_epoch_s=k * single,
                        speedup_vs_one_by_one=k * single / row["median_epoch_s"])
             rows.append(row)
     return rows
