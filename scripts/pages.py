@@ -27,9 +27,11 @@ PAGES = {"demo": ("demo_page.py", "README.md"),
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("names", nargs="*", choices=[[]] + list(PAGES), metavar="PAGE",
-                   help=f"pages to make: {', '.join(PAGES)} (default: all)")
+    p.add_argument("names", nargs="*", metavar="PAGE", help=f"pages to make: {', '.join(PAGES)} (default: all)")
     names = p.parse_args(argv).names or list(PAGES)
+    unknown = [n for n in names if n not in PAGES]
+    if unknown:
+        p.error(f"unknown page {unknown[0]!r}: choose from {', '.join(PAGES)}")
     for name in names:
         script, page = PAGES[name]
         extra = []
