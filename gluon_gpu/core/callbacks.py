@@ -133,6 +133,7 @@ class GuessingWatch:
     NEAR, FALLING = 0.05, 0.01  # near ln(classes): the softmax still spreads about evenly
 
     def __init__(self, classes, lr, say, epochs=2):
+        self.classes = classes
         self.guess = math.log(classes) if classes and classes > 1 else None
         self.lr, self.say, self.epochs, self.warned = lr, say, epochs, False
 
@@ -144,8 +145,8 @@ class GuessingWatch:
                 losses[0] - losses[-1] < self.FALLING * losses[0]:
             self.warned = True
             record["warning"] = (f"the training loss has stayed at {losses[-1]:.4f} for {self.epochs} epochs, the "
-                                 f"cost of guessing among {round(math.exp(self.guess))} classes (ln "
-                                 f"{round(math.exp(self.guess))} = {self.guess:.4f}): the network learns nothing; "
+                                 f"cost of guessing among {self.classes} classes (ln {self.classes} = "
+                                 f"{self.guess:.4f}): the network learns nothing; "
                                  f"the likely cause is the learning rate (--lr {self.lr:g}): try a tenth of it")
             self.say(f"gluon_gpu.train: warning: {record['warning']}", sys.stderr)
 

@@ -72,8 +72,8 @@ def cpu_model():
 
 
 def bfloat16_isa(flags=None):
-    """What this CPU has for bfloat16, as measured figures name it: 'AMX', 'AVX-512
-    BF16' or 'no bfloat16 instructions'."""
+    """What this CPU has for bfloat16, as measured figures name it: 'AVX-512 BF16 and
+    AMX', 'AVX-512 BF16' or 'no bfloat16 instructions'."""
     flags = cpu_flags() if flags is None else flags
     if "amx_bf16" in flags:
         return "AVX-512 BF16 and AMX"

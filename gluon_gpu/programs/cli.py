@@ -74,7 +74,7 @@ class Parser(argparse.ArgumentParser):
         flags = [a for a in self._actions if a.option_strings and a.dest != "help"]
         saved, groups, usage = [(a, a.help) for a in flags], self._action_groups, self.usage
         for action in flags:
-            action.help = self.brief.get(action.dest) or action.help if action.dest in self.brief else argparse.SUPPRESS
+            action.help = (self.brief[action.dest] or action.help) if action.dest in self.brief else argparse.SUPPRESS
         self._action_groups = [g for g in groups if any(a.help != argparse.SUPPRESS for a in g._group_actions)]
         self.usage = "%(prog)s [FLAG ...]"
         try:

@@ -192,9 +192,8 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
                 say.record(line)
         return 1
     finally:
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, before.get(signum, signal.default_int_handler if signum == signal.SIGINT
-                                             else signal.SIG_DFL))
+        for signum, handler in before.items():  # as they were (none installed yet: nothing to undo)
+            signal.signal(signum, handler)
 
 
 def _resume_command(out):
