@@ -66,7 +66,8 @@ def installed(tmp_path_factory, built):
         if not name.startswith(ours) and not name.endswith(".pth"):
             os.symlink(os.path.join(sysconfig.get_paths()["purelib"], name), deps / name)
     subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True)
-    site = subprocess.run([str(work / "venv" / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    site = subprocess.run([str(work / "venv" / "bin" / "python"), "-c",
+                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     with open(os.path.join(site, "pinned_dependencies.pth"), "w") as f:
         f.write(str(deps) + "\n")
@@ -115,7 +116,8 @@ def test_the_installed_wheel_trains_evaluates_predicts_and_exports(installed, sm
     accuracy = float(evaluated.stdout.split(" acc ")[1].split()[0])
     assert accuracy > 0.6, evaluated.stdout
     predicted = run(["gluon-gpu-predict", "--params", "runs/quick", "--idx",
-                     os.path.join(small_fashion, "t10k-images-idx3-ubyte.gz"), "--index", "0:3"], cwd=elsewhere, env=env)
+                     os.path.join(small_fashion, "t10k-images-idx3-ubyte.gz"), "--index", "0:3"],
+                    cwd=elsewhere, env=env)
     assert len(predicted.stdout.strip().splitlines()) == 3, predicted.stdout
     run(["gluon-gpu-export", "runs/quick", "--out", "served"], cwd=elsewhere, env=env)
     assert sorted(os.listdir(elsewhere / "served"))
