@@ -184,6 +184,36 @@ def test_an_image_truncated_mid_run_stops_it_in_one_line_and_keeps_its_checkpoin
     assert checkpoint_names(out) and read_metrics(out)["epochs"]
 
 
+def children(pid):
+    """The processes ``pid`` started (its DataLoader workers), from /proc."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return found
+
+
+def test_a_killed_loader_worker_ends_the_run_in_one_line_with_its_partial_epoch_resumable(runs, fashion_folder,
+                                                                                          tmp_path):
+    """What the out-of-memory killer does: the run stops at its next batch (not after
+    Gluon's 120 s stall, with a traceback: communicate's timeout is shorter), checkpoints
+    the batches it finished, and resumes to the straight run."""
+    out = str(tmp_path / "run")
+    proc = start(FLAGS + ["--dataset", "folder", "--data-dir", fashion_folder, "--epochs", "2", "--pipeline",
+                          "loader", "--log-interval", "1", "--out", out])
+    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))  # both loaders have run
+    for pid in children(proc.pid):  # the training and the validation loaders' workers
+        os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert table_exit("a DataLoader worker killed", proc.returncode)
+    line, = err.strip().splitlines()
+    assert line.startswith("gluon_gpu.train: error: a DataLoader worker (pid ") and "killed by SIGKILL" in line
+    assert "; continue from its epoch 1, batch " in line, line  # in epoch 2, as far as it came
+    assert read_metrics(out)["status"] == "failed"
+    assert train.main(["--resume", out, "--quiet"]) == 0
+    assert_same_run(runs["loader"], out)
+
+
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "kill -9"])
 def test_a_streamed_run_stopped_mid_epoch_resumes_to_the_straight_run(how, runs, fashion_folder, tmp_path):
     flags = FLAGS + ["--dataset", "folder", "--data-dir", fashion_folder, "--epochs", "2", "--pipeline", "loader",

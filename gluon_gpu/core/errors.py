@@ -1,8 +1,12 @@
 """Errors a user can fix by changing an input.
 
 Every CLI catches :class:`UserError` and prints it as one line on stderr with exit
-status 2; anything else is a bug and keeps its traceback.
+status 2; :class:`WriteError` and :class:`ProcessDied` (not the input's fault) as one
+line with exit status 1; anything else is a bug and keeps its traceback.
 """
+import signal
+
+_SIGNALS = {s.value for s in signal.Signals}
 
 
 class UserError(Exception):
@@ -33,3 +37,15 @@ class WriteError(Exception):
     def __init__(self, path, reason):
         super().__init__(f"cannot write {path}: {reason}")
         self.path, self.reason = path, reason
+
+
+class ProcessDied(Exception):
+    """A worker process this one started (a DataLoader's, pack's) ended on its own, most
+    often killed by the kernel's out-of-memory killer: not the user's input, so exit
+    status 1, in one line naming it."""
+
+    def __init__(self, what, pid, exitcode):
+        how = (f"was killed by {signal.Signals(-exitcode).name}" if exitcode < 0 and -exitcode in _SIGNALS
+               else f"exited with status {exitcode}")
+        oom = " (the kernel's out-of-memory killer sends SIGKILL when memory runs out)" if exitcode == -9 else ""
+        super().__init__(f"{what} (pid {pid}) {how}{oom}")

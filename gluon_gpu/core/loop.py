@@ -5,16 +5,17 @@ import time
 
 from tqdm import tqdm
 
-from .errors import DivergedError
+from .errors import DivergedError, ProcessDied
 from .metrics import MAX_PENDING
 
 
 class Interrupted(Exception):
-    """A stop was requested; raised after the current batch, with the position reached."""
+    """A stop was requested, or a worker process the pipeline reads with died (``cause``,
+    a ProcessDied); raised after the last whole batch, with the position reached."""
 
-    def __init__(self, epoch, batch, seconds):
+    def __init__(self, epoch, batch, seconds, cause=None):
         super().__init__(f"stopped in epoch {epoch + 1} after batch {batch}")
-        self.epoch, self.batch, self.seconds = epoch, batch, seconds
+        self.epoch, self.batch, self.seconds, self.cause = epoch, batch, seconds, cause
 
 
 class StopFlag:
@@ -48,7 +49,8 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
     """One pass over ``pipeline`` (epoch index ``epoch``, 0-based), from ``start_batch``.
 
     Returns ``{'loss', 'accuracy', 'samples', 'seconds'}``. Raises DivergedError naming
-    the step of a NaN/inf loss, or Interrupted after the current batch when ``stop`` is set.
+    the step of a NaN/inf loss, or Interrupted after the current batch when ``stop`` is set
+(or after the last whole batch, when a worker process the pipeline reads with died).
     The loss is read from the devices every ``log_interval`` batches only: that sync
     bounds how far Python runs ahead of the engine and feeds the progress bar and
     ``on_log`` (the epoch's running train figures, the position and the learning rate).
@@ -60,32 +62,43 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
     bar = tqdm(total=batches, initial=start_batch, desc=f"epoch {epoch + 1}", leave=False,
                disable=not progress, unit="batch", dynamic_ncols=True)
     start = time.perf_counter()
-    done = start_batch
+    done = stepped = start_batch
     with bar:
-        for i, batch in enumerate(pipeline.epoch(epoch, start_batch), start_batch + 1):
-            dp.step(*batch, return_loss=False, flush=i == batches)  # (data, label[, augmentation[, mixing]])
-            if on_step is not None:
-                on_step()
-            sync_point = i % log_interval == 0 or i == batches  # the same steps on every worker
-            stopping = stop is not None and stop.confirm(dp, sync_point)
-            if sync_point or stopping:
-                bad = dp.sums.first_nonfinite()
-                if bad:
-                    batch = done + bad
-                    raise DivergedError(f"loss became NaN/inf at step {epoch * batches + batch} "
-                                        f"(epoch {epoch + 1}, batch {batch})")
-                bar.update(i - done)
-                running = dp.read_metrics(reset=False)
-                bar.set_postfix(loss=f"{running['loss']:.4f}")
-                if on_log is not None and sync_point:  # the same positions however the run is cut
-                    on_log({"epoch": epoch + 1, "batch": i, "step": epoch * batches + i,
-                            **_prefixed("train", running), "lr": dp.trainer.learning_rate})
-                done = i
-            if stopping and i < batches:
-                raise Interrupted(epoch, i, seconds_before + time.perf_counter() - start)
+        try:
+            for i, batch in enumerate(pipeline.epoch(epoch, start_batch), start_batch + 1):
+                dp.step(*batch, return_loss=False, flush=i == batches)  # (data, label[, augmentation[, mixing]])
+                stepped = i
+                if on_step is not None:
+                    on_step()
+                sync_point = i % log_interval == 0 or i == batches  # the same steps on every worker
+                stopping = stop is not None and stop.confirm(dp, sync_point)
+                if sync_point or stopping:
+                    _check_finite(dp, epoch, batches, done)
+                    bar.update(i - done)
+                    running = dp.read_metrics(reset=False)
+                    bar.set_postfix(loss=f"{running['loss']:.4f}")
+                    if on_log is not None and sync_point:  # the same positions however the run is cut
+                        on_log({"epoch": epoch + 1, "batch": i, "step": epoch * batches + i,
+                                **_prefixed("train", running), "lr": dp.trainer.learning_rate})
+                    done = i
+                if stopping and i < batches:
+                    raise Interrupted(epoch, i, seconds_before + time.perf_counter() - start)
+        except ProcessDied as e:  # between whole updates of one process: a checkpoint can hold the position
+            if dp.pending_batches or dp.num_workers > 1:
+                raise
+            _check_finite(dp, epoch, batches, done)
+            raise Interrupted(epoch, stepped, seconds_before + time.perf_counter() - start, cause=e) from None
     metrics = dp.read_metrics()
     metrics["seconds"] = seconds_before + time.perf_counter() - start
     return metrics
+
+
+def _check_finite(dp, epoch, batches, done):
+    """DivergedError naming the step of a NaN/inf loss since batch ``done`` (the last check)."""
+    bad = dp.sums.first_nonfinite()
+    if bad:
+        batch = done + bad
+        raise DivergedError(f"loss became NaN/inf at step {epoch * batches + batch} (epoch {epoch + 1}, batch {batch})")
 
 
 def validate(dp, val_pipeline):

@@ -3,11 +3,15 @@
 disk), in the device pipeline's order, with its augmentation and mixing parameters:
 host batches the step cuts over the devices, normalized by the same in-graph
 transform. For data that does not fit on the devices."""
+import atexit
 import multiprocessing.util
+import pickle
 
 import numpy as np
 from mxnet import gluon, nd
 
+from ..core.errors import ProcessDied
+from ..core.pools import PoolWatch
 from .batch_order import epoch_order, whole_global_batches
 
 
@@ -86,10 +90,53 @@ class LoaderPipeline:
 
 
 def start_loader(dataset, num_workers, **options):
-    """Gluon's DataLoader. Its worker processes each made a temporary directory
-    (``pymp-*``, for the sockets that pass shared memory) and, stopped at exit, never
-    removed it (2 runs of 3 left some behind). Made here first, this process's is the one
-    the workers inherit, and multiprocessing removes it at exit, after the workers."""
+    """Gluon's DataLoader, whose worker processes are watched (:class:`_WatchedLoader`).
+    Its worker processes each made a temporary directory (``pymp-*``, for the sockets
+    that pass shared memory) and, stopped at exit, never removed it (2 runs of 3 left
+    some behind). Made here first, this process's is the one the workers inherit, and
+    multiprocessing removes it at exit, after the workers."""
     if num_workers:
         multiprocessing.util.get_temp_dir()
-    return gluon.data.DataLoader(dataset, num_workers=num_workers, **options)
+    return _WatchedLoader(dataset, num_workers=num_workers, **options)
+
+
+class _WatchedLoader(gluon.data.DataLoader):
+    """A DataLoader whose iteration raises ProcessDied at the batch after a worker's
+    death, or within a fraction of a second while it waits for one (core/pools.py),
+    instead of stalling 120 s into a traceback, or hanging when its pool, ended, waits
+    for the dead worker. It takes each batch as ``_MultiWorkerIter.__next__`` does
+    (``_push_next``, ``_data_buffer``, ``_rcvd_idx``: MXNet 1.9.1's, the one release this
+    runs on), waiting on it through the watch."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._watch = None
+        if self._num_workers and not self._thread_pool:  # a worker killed while idle: ended at exit
+            self._watch = PoolWatch(self._worker_pool, "a DataLoader worker")
+            atexit.register(self._watch.dead)
+
+    def __del__(self):
+        if self._watch is not None:
+            self._watch.dead()
+        super().__del__()
+
+    def __iter__(self):
+        batches = self._prefetch_iter()
+        if self._watch is None:
+            yield from batches
+            return
+        while True:
+            self._watch.check()
+            batches._push_next()
+            if batches._rcvd_idx == batches._sent_idx:
+                return
+            pending = batches._data_buffer.pop(batches._rcvd_idx)
+            try:
+                batch = self._watch.result(pending, pickle.loads)
+            except ProcessDied:
+                raise
+            except Exception:  # a worker's own error (an undecodable image): as Gluon ends its pool
+                self._worker_pool.terminate()
+                raise
+            batches._rcvd_idx += 1
+            yield batch

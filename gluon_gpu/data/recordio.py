@@ -14,6 +14,7 @@ import numpy as np
 
 from ..core.errors import DataError
 from ..core.files import fsync_path
+from ..core.pools import PoolWatch
 from .images import decode, open_image, parse_image_size
 from .sources import ImageSource, from_sources
 
@@ -164,6 +165,18 @@ def encode_image(job):
     return out.getvalue()
 
 
+def _encode_chunk(jobs):
+    return [encode_image(job) for job in jobs]
+
+
+def _in_chunks_by(pool, jobs, size=8):
+    """``encode_image`` of each job by ``pool``'s processes, in order, 8 to a task (what
+    ``imap``'s chunksize does, but through an iterator that can wait with a timeout)."""
+    chunks = iter(lambda: [job for _, job in zip(range(size), jobs)], [])
+    for chunk in PoolWatch(pool, "a pack worker").each(pool.imap(_encode_chunk, chunks)):
+        yield from chunk
+
+
 def write_split(items, out, split, channels, size, encoding="auto", quality=95, num_workers=0, progress=None):
     """``out/split.rec`` and ``.idx`` of ``items`` (``[(path, label)]``), the images
     encoded by ``num_workers`` processes (:func:`encode_image`) and written in order,
@@ -175,7 +188,7 @@ def write_split(items, out, split, channels, size, encoding="auto", quality=95, 
     jobs = ((path, channels, size, encoding, quality) for path, _ in items)
     pool = multiprocessing.Pool(num_workers) if num_workers else None
     try:
-        encoded = pool.imap(encode_image, jobs, chunksize=8) if pool else map(encode_image, jobs)
+        encoded = (_in_chunks_by(pool, jobs) if pool else map(encode_image, jobs))
         for key, ((_, label), payload) in enumerate(zip(items, encoded)):
             writer.write_idx(key, recordio.pack(recordio.IRHeader(0, float(label), key, 0), payload))
             if progress:

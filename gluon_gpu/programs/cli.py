@@ -8,7 +8,7 @@ import re
 import shlex
 import sys
 
-from ..core.errors import UserError
+from ..core.errors import ProcessDied, UserError
 from ..core.signals import Stopped
 
 
@@ -245,6 +245,9 @@ def main_guard(prog):
             except UserError as e:
                 print(f"{prog}: error: {as_flags(str(e))}", file=sys.stderr)
                 return 2
+            except ProcessDied as e:  # a DataLoader or pack worker killed (out of memory)
+                print(f"{prog}: error: {e}", file=sys.stderr)
+                return 1
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
                 return 130

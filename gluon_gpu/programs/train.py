@@ -13,7 +13,7 @@ from ..core.version import __version__
 from ..core.callbacks import MetricsFile
 from ..core.checkpoint import complete_checkpoints, latest_checkpoint
 from ..core.devices import devices, parse_devices, require_thread_settings
-from ..core.errors import DivergedError, UserError, WriteError
+from ..core.errors import DivergedError, ProcessDied, UserError, WriteError
 from ..core.files import RunLock, remove_temporaries
 from ..core.loggers import TrainLog, show
 from ..core.loop import Interrupted, StopFlag, fit
@@ -162,8 +162,8 @@ def _save_replica(dp):
 
 
 def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
-    """The run's callbacks and checkpoints around ``_fit``; a failed write ends it with
-    one line, exit 1, the status 'failed' with its reason, and the run resumable.
+    """The run's callbacks and checkpoints around ``_fit``; a failed write or a dead
+    loader worker (its partial epoch checkpointed) ends it with one line, exit 1, the status 'failed' with its reason, and the run resumable.
     ``say``: rank 0's run log, None on the other workers."""
     dp, history = run.dp, start[3]
     record = {"config": config.to_dict(), "data": run.data.spec.to_dict()}
@@ -179,7 +179,7 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
             checkpointer.save(0, 0, [])  # (Ctrl-C inside it: KeyboardInterrupt, exit 130, main_guard)
         before = {signum: signal.signal(signum, stop.request) for signum in STOP_SIGNALS}
         return _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, progress, say, monitor)
-    except WriteError as e:
+    except (WriteError, ProcessDied) as e:  # not the input's fault: exit 1, the run resumable
         recorded = _end(callbacks, history, "failed", str(e))
         _, state = latest_checkpoint(out)
         where = (f"continue from its epoch {state['epoch']}, batch {state['batch']} with: {_resume_command(out)}"
@@ -211,6 +211,8 @@ def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, prog
             start_epoch, start_batch, config.log_interval, progress, history, stop, seconds_before)
     except Interrupted as e:
         where = checkpointer.save(e.epoch, e.batch, history, e.seconds)
+        if e.cause is not None:  # a dead loader worker: _train says where to resume from
+            raise e.cause
         _end(callbacks, history, "interrupted")
         if say:
             say(f"gluon_gpu.train: {signal.Signals(stop.signum).name}: stopped in epoch {e.epoch + 1} "
