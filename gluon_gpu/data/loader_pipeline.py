@@ -117,6 +117,7 @@ class _WatchedLoader(gluon.data.DataLoader):
 
     def __del__(self):
         if self._watch is not None:
+            atexit.unregister(self._watch.dead)
             self._watch.dead()
         super().__del__()
 
