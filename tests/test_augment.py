@@ -116,7 +116,9 @@ def test_components_parse_with_defaults_presets_and_one_line_errors():
     assert describe(parse_augment("basic")) == "flip=0.5,crop=4" and parse_augment("none") == {}
     assert Augment(parse_augment("flip,crop,rotate,erase"), (1, 8, 8), [0]).draws == 1 + 2 + 1 + 5
     for text, message in [("blur", "unknown component"), ("crop=1.5", "crop=1.5 is not valid"),
-                          ("flip=2", "flip=2 is not valid"), ("rotate=x", "rotate=x is not valid")]:
+                          ("flip=2", "flip=2 is not valid"), ("rotate=x", "rotate=x is not valid"),
+                          ("basic,strong", r"basic is a preset: give it alone, or spell it out among the "
+                                           r"components \(flip,crop=4\)")]:
         with pytest.raises(UserError, match=message):
             parse_augment(text)
     with pytest.raises(UserError, match=r"applies to images \(C, H, W\)"):

@@ -29,6 +29,14 @@ def test_the_users_flags_override_the_recipe_and_the_plan_line_says_which(capsys
         ("lenet", 2, 0.5, 0.2, "cosine")
 
 
+def test_a_recipes_flag_that_does_not_fit_the_run_is_named_as_the_recipes(capsys):
+    """The user typed --epochs 1, not the recipe's --warmup-epochs 1 the line blames."""
+    assert train.main(["--recipe", "lenet", "--epochs", "1", "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gluon_gpu.train: error: --warmup-epochs 1 (recipe lenet's) leaves no epoch of training after it "
+        "(--epochs 1): give more --epochs, or --warmup-epochs 0")
+
+
 def test_a_recipe_run_resumes_with_its_applied_flags(tmp_path):
     out = str(tmp_path / "r")
     assert train.main(QUICK + ["--recipe", "lenet", "--epochs", "2", "--lr-mode", "step", "--lr-decay-epoch", "1",

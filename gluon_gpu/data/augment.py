@@ -53,6 +53,9 @@ def parse_augment(text):
     chosen = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
+        if name in PRESETS:
+            raise UserError(f"`augment` {text!r}: {name} is a preset: give it alone, or spell it out "
+                            f"among the components ({PRESETS[name] or 'none'})")
         if name not in COMPONENTS:
             raise UserError(f"`augment` {item!r}: unknown component; choose from {', '.join(COMPONENTS)}, "
                             f"or a preset: {', '.join(PRESETS)}")

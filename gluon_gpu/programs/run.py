@@ -25,6 +25,7 @@ from ..models.sync_bn import use_sync_batchnorm
 from ..models.zoo import check_model_name, model_for
 from .cli import MAX_SEED, check_batch
 from .config import RunConfig
+from .recipes import RECIPES
 from .sweep import check_sweep, member_configs, per_member
 
 
@@ -211,7 +212,10 @@ def lr_scheduler(config, iters_per_epoch):
     training scripts compose them with ``LRSequential``. None: a constant rate."""
     warmup = config.warmup_epochs
     if warmup and warmup >= config.epochs:
-        raise UserError(f"`warmup_epochs` {warmup} leaves no epoch of training after it (`epochs` {config.epochs})")
+        source = (f" (recipe {config.recipe}'s)" if config.recipe in RECIPES
+                  and RECIPES[config.recipe].flags.get("warmup_epochs") == warmup else "")
+        raise UserError(f"`warmup_epochs` {warmup}{source} leaves no epoch of training after it (`epochs` "
+                        f"{config.epochs}): give more `epochs`, or `warmup_epochs` 0")
     if warmup and warmup * iters_per_epoch < 2:
         raise UserError(f"`warmup_epochs` {warmup} is {warmup * iters_per_epoch} update: warmup needs 2 or more")
     if config.lr_mode == "constant" and not warmup:
