@@ -119,6 +119,10 @@ def test_resume_refuses_changed_flags_and_missing_checkpoints(straight, tmp_path
     assert train.main(["--resume", straight, "--lr", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "--lr 0.5 differs from the run's 0.05" in err and "--epochs" in err
+    for flags, said in [(["--recipe", "lenet"], "--recipe lenet differs from the run, which ran without --recipe"),
+                        (["--no-wd"], "--no-wd differs from the run, which ran without --no-wd")]:
+        assert train.main(["--resume", straight] + flags) == 2
+        assert said in capsys.readouterr().err  # not "the run's None", "--no-wd True"
     assert train.main(["--resume", str(tmp_path)]) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
     cosine = str(tmp_path / "cosine")

@@ -20,6 +20,15 @@ from .run_callbacks import early_stopping
 from .sweep import member_configs, member_count
 
 
+def _differs(name, value, was):
+    """``--lr 0.5 differs from the run's 0.05``, in the words a flag of no value or a
+    value the run never had needs."""
+    given = flag_name(name) if isinstance(value, bool) else f"{flag_name(name)} {value}"
+    if was is None or isinstance(was, bool):
+        return f"{given} differs from the run, which ran {'with' if was else 'without'} {flag_name(name)}"
+    return f"{given} differs from the run's {was}"
+
+
 def resume_config(parser, argv, run_dir):
     """``(config, state)``: the saved configuration of ``run_dir``'s most advanced
     checkpoint with the resumable flags of ``argv`` (``parser``'s) applied; other flags
@@ -33,8 +42,8 @@ def resume_config(parser, argv, run_dir):
         if name in ("resume", "dry_run") or (name == "out" and value == run_dir):
             continue
         if name not in RESUMABLE and getattr(config, name) != value:
-            raise UserError(f"{flag_name(name)} {value} differs from the run's {getattr(config, name)}; on "
-                            "--resume only " + ", ".join(flag_name(n) for n in sorted(RESUMABLE)) + " may change")
+            raise UserError(f"{_differs(name, value, getattr(config, name))}; on --resume only "
+                            + ", ".join(flag_name(n) for n in sorted(RESUMABLE)) + " may change")
         shaped = next((m.lr_mode for m in member_configs(config) or [config] if m.lr_mode in EPOCH_SHAPED_LR), None)
         if name == "epochs" and value != config.epochs and shaped:  # (a sweep: any member's schedule)
             raise UserError(f"--epochs cannot change on --resume with --lr-mode {shaped}: "
