@@ -50,7 +50,7 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
 
     Returns ``{'loss', 'accuracy', 'samples', 'seconds'}``. Raises DivergedError naming
     the step of a NaN/inf loss, or Interrupted after the current batch when ``stop`` is set
-(or after the last whole batch, when a worker process the pipeline reads with died).
+    (or after the last whole batch, when a worker process the pipeline reads with died).
     The loss is read from the devices every ``log_interval`` batches only: that sync
     bounds how far Python runs ahead of the engine and feeds the progress bar and
     ``on_log`` (the epoch's running train figures, the position and the learning rate).

@@ -169,7 +169,7 @@ def _encode_chunk(jobs):
     return [encode_image(job) for job in jobs]
 
 
-def _in_chunks_by(pool, jobs, size=8):
+def _encoded_by(pool, jobs, size=8):
     """``encode_image`` of each job by ``pool``'s processes, in order, 8 to a task (what
     ``imap``'s chunksize does, but through an iterator that can wait with a timeout)."""
     chunks = iter(lambda: [job for _, job in zip(range(size), jobs)], [])
@@ -188,7 +188,7 @@ def write_split(items, out, split, channels, size, encoding="auto", quality=95, 
     jobs = ((path, channels, size, encoding, quality) for path, _ in items)
     pool = multiprocessing.Pool(num_workers) if num_workers else None
     try:
-        encoded = (_in_chunks_by(pool, jobs) if pool else map(encode_image, jobs))
+        encoded = _encoded_by(pool, jobs) if pool else map(encode_image, jobs)
         for key, ((_, label), payload) in enumerate(zip(items, encoded)):
             writer.write_idx(key, recordio.pack(recordio.IRHeader(0, float(label), key, 0), payload))
             if progress:

@@ -163,7 +163,8 @@ def _save_replica(dp):
 
 def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
     """The run's callbacks and checkpoints around ``_fit``; a failed write or a dead
-    loader worker (its partial epoch checkpointed) ends it with one line, exit 1, the status 'failed' with its reason, and the run resumable.
+    loader worker (its partial epoch checkpointed) ends it with one line, exit 1, the
+    status 'failed' with its reason, and the run resumable.
     ``say``: rank 0's run log, None on the other workers."""
     dp, history = run.dp, start[3]
     record = {"config": config.to_dict(), "data": run.data.spec.to_dict()}
