@@ -202,31 +202,16 @@ def test_a_killed_loader_worker_ends_the_run_in_one_line_with_its_partial_epoch_
     proc = start(FLAGS + ["--dataset", "folder", "--data-dir", fashion_folder, "--epochs", "2", "--pipeline",
                           "loader", "--log-interval", "1", "--out", out])
     wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))  # both loaders have run
-    os.kill(min(children(proc.pid)), signal.SIGKILL)  # the training loader's worker (made first)
+    for pid in children(proc.pid):  # the training and the validation loaders' workers
+        os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
-    assert table_exit("a DataLoader worker killed", proc.returncode), err
-    assert len(err.strip().splitlines()) == 1, err
-    line = err.strip()
+    assert table_exit("a DataLoader worker killed", proc.returncode)
+    line, = err.strip().splitlines()
     assert line.startswith("gluon_gpu.train: error: a DataLoader worker (pid ") and "killed by SIGKILL" in line
     assert "; continue from its epoch 1, batch " in line, line  # in epoch 2, as far as it came
     assert read_metrics(out)["status"] == "failed"
     assert train.main(["--resume", out, "--quiet"]) == 0
     assert_same_run(runs["loader"], out)
-
-
-def test_a_killed_pack_worker_ends_pack_in_one_line_and_leaves_no_files(fashion_folder, tmp_path):
-    """Pool.imap waited forever for the image the dead worker held."""
-    out = str(tmp_path / "rec")
-    proc = subprocess.Popen([sys.executable, "-m", "gluon_gpu.pack", fashion_folder, out, "--image-size", "1024",
-                             "--num-workers", "2", "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
-    wait_for(lambda: children(proc.pid))  # its workers started (2048 images of 1024x1024 to encode)
-    os.kill(children(proc.pid)[0], signal.SIGKILL)
-    _, err = proc.communicate(timeout=60)
-    assert table_exit("a DataLoader worker killed", proc.returncode)
-    line, = err.strip().splitlines()
-    assert line.startswith("gluon_gpu.pack: error: a pack worker (pid ") and "killed by SIGKILL" in line, line
-    assert not os.listdir(out), os.listdir(out)  # no .partial left
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "kill -9"])

@@ -31,7 +31,7 @@ class PoolWatch:
         """A watched process that ended (the pool then ended), or None."""
         for process in self.processes:
             if process.exitcode is not None:
-                end_pool(self.pool)
+                _end_pool(self.pool)
                 return process
         self.processes += [p for p in self.pool._pool if p not in self.processes]
         return None
@@ -64,9 +64,9 @@ class PoolWatch:
                 return
 
 
-def end_pool(pool):
-    """End a pool, one of whose processes may have been killed. ``pool.terminate()``
-    alone would then wait forever: the killed one may have held the lock of the task queue (an idle worker
+def _end_pool(pool):
+    """End a pool one of whose processes was killed. ``pool.terminate()`` alone would
+    wait forever: the killed one may have held the lock of the task queue (an idle worker
     holds it while it waits for a task) or of the result queue (while it sends one).
     With no process left, the locks are freed for the pool's own end."""
     if pool._state == TERMINATE:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..core.errors import DataError
 from ..core.files import fsync_path
-from ..core.pools import PoolWatch, end_pool
+from ..core.pools import PoolWatch
 from .images import decode, open_image, parse_image_size
 from .sources import ImageSource, from_sources
 
@@ -201,7 +201,7 @@ def write_split(items, out, split, channels, size, encoding="auto", quality=95, 
     finally:
         writer.close()
         if pool:
-            end_pool(pool)  # a worker killed once the last image was taken cannot hang it
+            pool.terminate()
     for path in partial:
         fsync_path(path)
     os.replace(partial[0], rec)
