@@ -3,6 +3,7 @@ outputs for raw samples (LeNet, an ensemble and its members, a zoo network, an M
 regression), carry their names and classes, and bad input is one line."""
 import json
 import os
+import shutil
 import warnings
 
 import mxnet as mx
@@ -15,7 +16,9 @@ from mxnet import gluon
 from conftest import trained_run
 from failure_table import table_exit
 from gluon_gpu.data.fashion_mnist import fashion_spec, load_split
-from gluon_gpu.models import load_model, zoo
+from gluon_gpu.core.files import RunLock
+from gluon_gpu.core.params import read_parameter_file
+from gluon_gpu.models import load_model, loading, zoo
 from gluon_gpu.models.export import TOLERANCE, CheckFailed, check_outputs
 from gluon_gpu.programs import export
 from gluon_gpu.programs.evaluate import recorded_spec
@@ -147,6 +150,39 @@ def test_an_export_that_disagrees_is_not_written(lenet_run, tmp_path, capsys, mo
     assert capsys.readouterr().err.strip().startswith("gluon_gpu.export: error: the ONNX export differs from the "
                                                       "trained network by up to 0.01")
     assert not out.exists() and os.listdir(tmp_path) == []  # no empty --out, no temporary left
+
+
+def test_a_run_still_training_exports_one_version_of_its_parameters(lenet_run, held_out, tmp_path, capsys,
+                                                                      monkeypatch):
+    """The issue's export during a live run: net.params, replaced by the run's next epoch
+    between the exporter's two reads, gave `the MXNet export differs ... by up to 0.524`.
+    Here the file is replaced right after the first read (as the run would): the export
+    is of the version read, and a note says the run is live (its lock is held)."""
+    run = str(tmp_path / "run")
+    shutil.copytree(lenet_run, run)
+    path, next_epoch = os.path.join(run, "net.params"), str(tmp_path / "next.params")
+    mx.nd.save(next_epoch, {k: v * 1.5 for k, v in read_parameter_file(path).items()})  # another epoch's
+    x = held_out[0]
+    spec = recorded_spec(path)
+    expected = predict(load_model(path, mx.cpu()), x, [mx.cpu()], spec)
+    assert np.abs(expected - predict(load_model(next_epoch, mx.cpu()), x, [mx.cpu()], spec)).max() > 0.01
+
+    def read_then_replaced(name):
+        arrays = read_parameter_file(name)
+        if os.path.exists(next_epoch):
+            os.replace(next_epoch, name)
+        return arrays
+    monkeypatch.setattr(export, "read_parameter_file", read_then_replaced)
+    monkeypatch.setattr(loading, "read_parameter_file", read_then_replaced)
+    out = str(tmp_path / "served")
+    with RunLock(run):
+        assert table_exit("an export of a run still training", export.main([path, "--out", out]))
+    err = capsys.readouterr().err.strip()
+    assert err == (f"gluon_gpu.export: note: {run} is still being trained (process {os.getpid()}): exporting "
+                   "net.params as it is when read"), err
+    assert not os.path.exists(next_epoch)  # the run's next epoch did land mid-export
+    for served in served_outputs(out, x):
+        np.testing.assert_allclose(served, expected, **TOLERANCE)
 
 
 class GroupNormNet(gluon.HybridBlock):

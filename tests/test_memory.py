@@ -191,3 +191,37 @@ def test_auto_keeps_the_data_on_the_devices_when_it_fits(tmp_path, capsys):
 def train_plan(tmp_path, capsys):
     assert train.main(["--devices", "cpu", "--limit", "512", "--dry-run", "--out", str(tmp_path / "r")]) == 0
     return capsys.readouterr().out.splitlines()[0]
+
+
+def test_a_label_that_makes_a_million_classes_is_counted_in_the_estimate(tmp_path):
+    """The issue's npz with one label of 10**6: 1000001 classes make LeNet's last layer
+    84 M parameters (1.3 GiB to train), which the estimate counts and names, instead of
+    "Failed to allocate CPU Memory" under a cap; the same data labelled 0..9 fits."""
+    x = np.random.RandomState(0).randint(0, 256, (64, 1, 28, 28)).astype(np.uint8)
+    y = np.arange(64) % 10
+    paths = {}
+    for name, top in (("ten", 9), ("million", 10 ** 6)):
+        paths[name] = str(tmp_path / f"{name}.npz")
+        np.savez(paths[name], x_train=x, y_train=np.where(y == 9, top, y), x_val=x[:16], y_val=y[:16])
+    proc, _ = _capped_train(tmp_path, 700 * MiB, "--dataset", "npz", "--data-dir", paths["million"], "--devices",
+                            "cpu", "--batch-size", "16")
+    assert table_exit("a run that cannot fit in memory", proc.returncode), proc.stderr[-2000:]
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "--model lenet on inputs of 1x28x28 with batches of 16 samples and " \
+        "1000001 outputs" in line, line
+    proc, _ = _capped_train(tmp_path, 700 * MiB, "--dataset", "npz", "--data-dir", paths["ten"], "--devices", "cpu",
+                            "--batch-size", "16")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_pack_refuses_an_image_size_its_workers_cannot_hold_under_a_cap(tmp_path, tiny_folder):
+    """The issue's `pack --image-size 20000` ran until killed: each worker holds an image
+    decoded, resized and encoded (3 x 1.1 GiB in colour), refused here before any is."""
+    out = str(tmp_path / "rec")
+    proc = run_capped(400 * MiB, [sys.executable, "-m", "gluon_gpu.pack", tiny_folder, out, "--image-size", "20000",
+                                  "--num-workers", "2", "--quiet"], capture_output=True, text=True, timeout=300)
+    assert table_exit("a run that cannot fit in memory", proc.returncode), proc.stderr[-2000:]
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "packing images of 3x20000x20000 with 2 processes needs about" in line, line
+    assert "MiB free; pass a smaller --image-size, or fewer --num-workers" in line, line
+    assert not os.path.exists(out)

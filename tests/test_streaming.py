@@ -105,12 +105,13 @@ def test_pack_resizes_and_encodes_jpeg(fashion_folder, tmp_path):
     assert first.shape == (1, 20, 20) and first.dtype == np.uint8 and first.std() > 10
 
 
-@pytest.mark.parametrize("case", ["existing output", "not a folder", "quality", "truncated image"])
+@pytest.mark.parametrize("case", ["existing output", "not a folder", "quality", "truncated image", "out in folder"])
 def test_pack_refuses_bad_input_in_one_line(case, tmp_path, capsys):
     root = make_image_folder(tmp_path / "f", per_class=(3, 2), size=16)
     argv = {"existing output": [root, str(tmp_path / "rec")], "not a folder": [str(tmp_path / "none"), "x"],
             "quality": [root, str(tmp_path / "rec"), "--quality", "0"],
-            "truncated image": [root, str(tmp_path / "rec"), "--image-size", "12"]}[case]
+            "truncated image": [root, str(tmp_path / "rec"), "--image-size", "12"],
+            "out in folder": [root, os.path.join(root, "val", "rec")]}[case]
     if case == "truncated image":
         broken = os.path.join(root, "train", "square", "1.png")
         with open(broken, "rb") as f:
@@ -124,7 +125,9 @@ def test_pack_refuses_bad_input_in_one_line(case, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert {"existing output": "--overwrite", "not a folder": "not a directory", "quality": "1 to 100",
-            "truncated image": "1.png"}[case] in err
+            "truncated image": "1.png", "out in folder": "is inside FOLDER's val images"}[case] in err
+    if case == "out in folder":  # refused before anything was made
+        assert not os.path.exists(argv[1])
     if case == "truncated image":  # no half-written files left
         assert sorted(os.listdir(tmp_path / "rec")) == []
 
@@ -212,6 +215,22 @@ def test_a_killed_loader_worker_ends_the_run_in_one_line_with_its_partial_epoch_
     assert read_metrics(out)["status"] == "failed"
     assert train.main(["--resume", out, "--quiet"]) == 0
     assert_same_run(runs["loader"], out)
+
+
+def test_a_killed_pack_worker_ends_pack_in_one_line_and_leaves_no_files(fashion_folder, tmp_path):
+    """Pool.imap waited forever for the images the dead worker held."""
+    out = str(tmp_path / "rec")
+    proc = subprocess.Popen([sys.executable, "-m", "gluon_gpu.pack", fashion_folder, out, "--image-size", "1024",
+                             "--num-workers", "2", "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
+    partial = os.path.join(out, "train.rec.partial")  # 1536 images of 1024x1024 to encode: the kill lands mid-way
+    wait_for(lambda: os.path.exists(partial) and os.path.getsize(partial) > 0)
+    os.kill(children(proc.pid)[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert table_exit("a DataLoader worker killed", proc.returncode), err
+    line, = err.strip().splitlines()
+    assert line.startswith("gluon_gpu.pack: error: a pack worker (pid ") and "killed by SIGKILL" in line, line
+    assert not os.listdir(out), os.listdir(out)  # no .partial left
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "kill -9"])

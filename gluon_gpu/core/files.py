@@ -129,7 +129,7 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                holder = _holder(fd)
                 os.close(fd)
                 raise UserError(f"run directory {os.path.dirname(self.path)} is in use by process {holder} "
                                 "(another train or `resume`); wait for it or choose another `out`") from None
@@ -147,6 +147,28 @@ class RunLock:
         except OSError:
             pass
         os.close(self._fd)
+
+
+def _holder(fd):
+    """The PID a lock file names ("?" when it names none yet)."""
+    return os.read(fd, 32).decode(errors="replace").strip() or "?"
+
+
+def lock_holder(directory):
+    """The PID of the process holding ``directory``'s :class:`RunLock`, or None. (The
+    look takes a shared lock for an instant: a writer starting in that instant is told
+    the run is in use.)"""
+    try:
+        fd = os.open(os.path.join(directory, ".lock"), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return _holder(fd)
+    finally:
+        os.close(fd)
 
 
 def _same_file(fd, path):

@@ -3,38 +3,52 @@ worker that dies (the out-of-memory killer's SIGKILL) but loses the task it held
 result waited on never comes: Gluon's DataLoader gives up after 120 s with a traceback,
 ``Pool.imap`` never. These waits poll the result and the pool's processes instead, and
 raise :class:`ProcessDied` within a fraction of a second of a death."""
-import multiprocessing
+import multiprocessing.connection
+import multiprocessing.pool
 from multiprocessing.pool import TERMINATE
 
 from .errors import ProcessDied
 
 POLL_SECONDS = 0.2
+DEATH_SECONDS = 1  # from a broken hand-over to the death of the worker behind it
+
+
+class _OwnedPool(multiprocessing.pool.Pool):
+    """A Pool that keeps every process it starts (``started``), replacements included:
+    a worker killed at once, before anything watched the pool, is still seen dead."""
+
+    def __init__(self, processes, **options):
+        self.started = []
+        super().__init__(processes, **options)
+
+    def Process(self, ctx, *args, **kwds):  # pylint: disable=invalid-name,arguments-differ (Pool's factory)
+        process = ctx.Process(*args, **kwds)
+        self.started.append(process)
+        return process
 
 
 class PoolWatch:
-    """The processes of ``pool`` (``pool._pool``: multiprocessing's, the same in every
-    Python this package supports) from the watch's start on, replacements included: a
-    pool never ends one itself before it is closed, so one that ended was killed, and
-    whatever it held is lost. ``what`` names them in the error."""
+    """A new pool of ``processes`` (``multiprocessing.Pool``'s ``options``) and every
+    process it starts: a pool never ends one itself before it is closed, so one that
+    ended was killed, and whatever it held is lost. ``what`` names them in the error."""
 
-    def __init__(self, pool, what):
-        self.pool, self.what = pool, what
-        self.processes = list(pool._pool)
-
-    def check(self):
-        """ProcessDied if a watched process ended."""
-        dead = self.dead()
-        if dead is not None:
-            raise ProcessDied(self.what, dead.pid, dead.exitcode)
+    def __init__(self, processes, what, **options):
+        self.pool, self.what = _OwnedPool(processes, **options), what
 
     def dead(self):
-        """A watched process that ended (the pool then ended), or None."""
-        for process in self.processes:
-            if process.exitcode is not None:
-                _end_pool(self.pool)
-                return process
-        self.processes += [p for p in self.pool._pool if p not in self.processes]
-        return None
+        """A watched process that ended, or None."""
+        return next((process for process in self.pool.started if process.exitcode is not None), None)
+
+    def check(self):
+        """ProcessDied, the pool ended, if a watched process ended."""
+        dead = self.dead()
+        if dead is not None:
+            self.end()
+            raise ProcessDied(self.what, dead.pid, dead.exitcode)
+
+    def end(self):
+        """End the pool (:func:`_end`), whatever happened to its processes."""
+        _end(self.pool)
 
     def wait(self, pending):
         """Until the ``AsyncResult`` ``pending`` is ready (its ``get`` then returns at
@@ -49,35 +63,45 @@ class PoolWatch:
         self.wait(pending)
         try:
             return unpack(pending.get())
-        except (OSError, EOFError):
+        except (OSError, EOFError):  # the worker died while handing it over, maybe not yet reaped
+            multiprocessing.connection.wait([p.sentinel for p in self.pool.started], DEATH_SECONDS)
             self.check()
             raise
 
     def each(self, results):
-        """The items of ``pool.imap(...)`` in order, or ProcessDied."""
+        """The items of ``pool.imap(...)`` in order, or ProcessDied: at the first item
+        after a death even when nothing waited on the dead (a replacement took over)."""
         while True:
             try:
-                yield results.next(POLL_SECONDS)
+                item = results.next(POLL_SECONDS)
             except multiprocessing.TimeoutError:
                 self.check()
+                continue
             except StopIteration:
+                self.check()
                 return
+            self.check()
+            yield item
 
 
-def _end_pool(pool):
-    """End a pool one of whose processes was killed. ``pool.terminate()`` alone would
-    wait forever: the killed one may have held the lock of the task queue (an idle worker
-    holds it while it waits for a task) or of the result queue (while it sends one).
-    With no process left, the locks are freed for the pool's own end."""
+def _end(pool):
+    """End ``pool`` without waiting on what a killed process may have left: a lock held
+    (an idle worker holds the task queue's while it waits for a task) or half a message
+    (a task it was reading, a result it was sending). ``Pool.terminate()`` waits on both,
+    forever, and a death may not be visible yet when it starts; its SIGTERM does not end a
+    worker whose signal lands on one of MXNet's engine threads while it waits on such a
+    lock. So: no process replaced, every one killed, and the pool's threads told to stop
+    and not waited for (each ends at once, or stays blocked on what the dead left, a
+    daemon that ends with this process)."""
     if pool._state == TERMINATE:
         return
-    pool._worker_handler._state = TERMINATE  # no replacements from here on
+    pool._state = TERMINATE
+    for thread in (pool._worker_handler, pool._task_handler, pool._result_handler):
+        thread._state = TERMINATE
     pool._change_notifier.put(None)
-    pool._worker_handler.join()
+    pool._worker_handler.join()  # no replacement from here on; it tells the task handler to stop
     for process in pool._pool:
         process.kill()
+    for process in pool._pool:
         process.join()
-    for lock in (pool._inqueue._rlock, pool._outqueue._wlock):
-        lock.acquire(False)
-        lock.release()
-    pool.terminate()
+    pool._terminate.cancel()  # Pool.terminate() and the exit's finalizers: nothing left to do

@@ -6,9 +6,12 @@ transform. For data that does not fit on the devices."""
 import atexit
 import multiprocessing.util
 import pickle
+import signal
 
 import numpy as np
 from mxnet import gluon, nd
+from mxnet.gluon.data.dataloader import _worker_initializer, default_mp_batchify_fn
+from mxnet.util import is_np_array, is_np_shape
 
 from ..core.errors import ProcessDied
 from ..core.pools import PoolWatch
@@ -104,21 +107,30 @@ class _WatchedLoader(gluon.data.DataLoader):
     """A DataLoader whose iteration raises ProcessDied at the batch after a worker's
     death, or within a fraction of a second while it waits for one (core/pools.py),
     instead of stalling 120 s into a traceback, or hanging when its pool, ended, waits
-    for the dead worker. It takes each batch as ``_MultiWorkerIter.__next__`` does
-    (``_push_next``, ``_data_buffer``, ``_rcvd_idx``: MXNet 1.9.1's, the one release this
-    runs on), waiting on it through the watch."""
+    for the dead worker. Its pool is made as Gluon makes it (``_worker_initializer``,
+    ``default_mp_batchify_fn``, SIGINT ignored by the workers), but watched from its
+    first process on; each batch is taken as ``_MultiWorkerIter.__next__`` takes it
+    (``_push_next``, ``_data_buffer``, ``_rcvd_idx``), waiting on it through the watch.
+    MXNet 1.9.1's names: the one release this runs on."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, dataset, num_workers=0, **options):
+        super().__init__(dataset, **options)  # no workers: its pool is made here
         self._watch = None
-        if self._num_workers and not self._thread_pool:  # a worker killed while idle: ended at exit
-            self._watch = PoolWatch(self._worker_pool, "a DataLoader worker")
-            atexit.register(self._watch.dead)
+        if num_workers:
+            self._num_workers, self._prefetch, self._batchify_fn = num_workers, 2 * num_workers, default_mp_batchify_fn
+            interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process
+            try:
+                self._watch = PoolWatch(num_workers, "a DataLoader worker", initializer=_worker_initializer,
+                                        initargs=[dataset, is_np_shape(), is_np_array()])
+            finally:
+                signal.signal(signal.SIGINT, interrupt)
+            self._worker_pool = self._watch.pool
+            atexit.register(self._watch.end)  # ended through the watch, at exit at the latest
 
     def __del__(self):
         if self._watch is not None:
-            atexit.unregister(self._watch.dead)
-            self._watch.dead()
+            atexit.unregister(self._watch.end)
+            self._watch.end()
         super().__del__()
 
     def __iter__(self):
@@ -136,8 +148,8 @@ class _WatchedLoader(gluon.data.DataLoader):
                 batch = self._watch.result(pending, pickle.loads)
             except ProcessDied:
                 raise
-            except Exception:  # a worker's own error (an undecodable image): as Gluon ends its pool
-                self._worker_pool.terminate()
+            except Exception:  # a worker's own error (an undecodable image): its pool ended, as Gluon does
+                self._watch.end()
                 raise
             batches._rcvd_idx += 1
             yield batch

@@ -6,7 +6,6 @@ files are (so a folder packed without resizing trains exactly as the folder).
 are the label numbers."""
 import io
 import json
-import multiprocessing
 import os
 import struct
 
@@ -169,11 +168,12 @@ def _encode_chunk(jobs):
     return [encode_image(job) for job in jobs]
 
 
-def _encoded_by(pool, jobs, size=8):
-    """``encode_image`` of each job by ``pool``'s processes, in order, 8 to a task (what
-    ``imap``'s chunksize does, but through an iterator that can wait with a timeout)."""
+def _encoded_by(watch, jobs, size=8):
+    """``encode_image`` of each job by the processes of ``watch`` (a PoolWatch), in order,
+    8 to a task (what ``imap``'s chunksize does, but through an iterator that can wait
+    with a timeout)."""
     chunks = iter(lambda: [job for _, job in zip(range(size), jobs)], [])
-    for chunk in PoolWatch(pool, "a pack worker").each(pool.imap(_encode_chunk, chunks)):
+    for chunk in watch.each(watch.pool.imap(_encode_chunk, chunks)):
         yield from chunk
 
 
@@ -186,9 +186,9 @@ def write_split(items, out, split, channels, size, encoding="auto", quality=95, 
     partial = [f"{path}.partial" for path in (rec, idx)]
     writer = recordio.MXIndexedRecordIO(partial[1], partial[0], "w")
     jobs = ((path, channels, size, encoding, quality) for path, _ in items)
-    pool = multiprocessing.Pool(num_workers) if num_workers else None
+    watch = PoolWatch(num_workers, "a pack worker") if num_workers else None
     try:
-        encoded = _encoded_by(pool, jobs) if pool else map(encode_image, jobs)
+        encoded = _encoded_by(watch, jobs) if watch else map(encode_image, jobs)
         for key, ((_, label), payload) in enumerate(zip(items, encoded)):
             writer.write_idx(key, recordio.pack(recordio.IRHeader(0, float(label), key, 0), payload))
             if progress:
@@ -200,8 +200,8 @@ def write_split(items, out, split, channels, size, encoding="auto", quality=95, 
         raise
     finally:
         writer.close()
-        if pool:
-            pool.terminate()
+        if watch:
+            watch.end()
     for path in partial:
         fsync_path(path)
     os.replace(partial[0], rec)

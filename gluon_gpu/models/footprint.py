@@ -65,12 +65,15 @@ def training_bytes(params, activations, replicas, samples):
     return BYTES * (4 * params * replicas + 3 * activations * samples)
 
 
-def check_training_memory(make_net, input_shape, devices, batch_size, name):
+def check_training_memory(make_net, input_shape, devices, batch_size, name, outputs=None):
     """Refuse, before it is initialized, the network ``name`` (``make_net()``) whose
     training state at ``batch_size``, split over ``devices``, cannot fit in their free
-    memory."""
+    memory. ``outputs``: its output count (classes), named since the last layer grows
+    with it (a label of 10**6 makes a million classes)."""
     params, activations = footprint(make_net, input_shape, name)
     share = -(-batch_size // len(devices))
-    check_fits({device: training_bytes(params, activations, 1, share) for device in devices}, f"`model` {name} on inputs of {'x'.join(map(str, input_shape))} with batches of {batch_size} "
-               f"samples ({size_text(training_bytes(params, activations, 0, 1))} of activations a sample)",
+    what = (f"`model` {name} on inputs of {'x'.join(map(str, input_shape))} with batches of {batch_size} samples"
+            + (f" and {outputs} outputs" if outputs else "")
+            + f" ({size_text(training_bytes(params, activations, 0, 1))} of activations a sample)")
+    check_fits({device: training_bytes(params, activations, 1, share) for device in devices}, what,
                "choose a smaller `batch_size` or `image_size`")

@@ -69,7 +69,8 @@ def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1,
                         seeds, apart, spread)
     fused = fused_for(model, ctx, fused_conv)
     if batch_size:
-        check_training_memory(lambda: get_model(model, outputs, input_shape[0]), input_shape, ctx, batch_size, model)
+        check_training_memory(lambda: get_model(model, outputs, input_shape[0]), input_shape, ctx, batch_size, model,
+                              outputs)
     mx.random.seed(seed)
     np.random.seed(seed)
     net = get_model(model, outputs, input_shape[0], fused=fused)

@@ -61,7 +61,7 @@ def adapt_keys(model, members):
 
 
 def load_model(path, ctx=None, model=None, members=None, input_shape=None, outputs=None, fused_conv="auto",
-               member=None):
+               member=None, arrays=None):
     """Load saved parameters onto ``ctx`` (a Context or a list) and return the network.
 
     ``model``, ``members`` (ensemble size), ``input_shape`` (one sample, channels first)
@@ -69,8 +69,10 @@ def load_model(path, ctx=None, model=None, members=None, input_shape=None, outpu
     FashionMNIST's shape. Files saved in either MXNet API, by gluon_gpu or by the
     tutorial's own LeNet, load. The network is built in the API in force. A missing or
     corrupt file, or one of another architecture or shape, raises ParamsError.
-    ``member``: member k of a saved ensemble or sweep, as the network it is alone."""
-    net = _load(path, ctx, model, members, input_shape, outputs, fused_conv)
+    ``member``: member k of a saved ensemble or sweep, as the network it is alone.
+    ``arrays``: the file's contents already read (``read_parameter_file``), for two
+    networks from one version of a file a live run replaces."""
+    net = _load(path, ctx, model, members, input_shape, outputs, fused_conv, arrays)
     if member is None:
         return net
     count = getattr(net, "members", 1)
@@ -80,7 +82,7 @@ def load_model(path, ctx=None, model=None, members=None, input_shape=None, outpu
     return extract_member(net, member, input_shape=tuple(input_shape or recorded_run(path)["input_shape"]))
 
 
-def _load(path, ctx, model, members, input_shape, outputs, fused_conv):
+def _load(path, ctx, model, members, input_shape, outputs, fused_conv, arrays):
     ctx = ctx if ctx is not None else mx.cpu()
     ctx = ctx if isinstance(ctx, (list, tuple)) else [ctx]
     run = recorded_run(path)
@@ -89,7 +91,7 @@ def _load(path, ctx, model, members, input_shape, outputs, fused_conv):
     members = members or (run["members"] if same else 1)
     input_shape = tuple(input_shape or run["input_shape"])
     outputs = outputs or run["outputs"]
-    if not os.path.isfile(path):
+    if arrays is None and not os.path.isfile(path):
         raise ParamsError(f"parameter file {path} does not exist")
     fused = fused_for(model, ctx, fused_conv)
     if members > 1 and (run["layout"] if same else "auto") != "fused":  # a MemberStack, on the first device
@@ -99,7 +101,7 @@ def _load(path, ctx, model, members, input_shape, outputs, fused_conv):
     else:
         net = get_model(model, outputs, input_shape[0], members, fused)
     what = f"an ensemble of {members} {model}" if members > 1 else model
-    arrays = read_parameter_file(path)
+    arrays = read_parameter_file(path) if arrays is None else arrays
     adapt = adapt_keys(model, members)
     try:
         assign_parameters(net, adapt(arrays) if adapt else arrays, ctx, path)

@@ -40,14 +40,14 @@ class Servable(gluon.HybridBlock):
         return F.log(mean) if self.log else mean
 
 
-def servable_model(path, spec, model=None, member=None, log=False):
+def servable_model(path, spec, model=None, member=None, log=False, arrays=None):
     """The Servable of the parameter file ``path`` for data ``spec`` (a DataSpec): every
     member of an ensemble or sweep, or ``member`` alone. Built in the legacy API on the
     CPU, with MXNet's convolution rather than gluon_gpu's fused operator (same parameters),
     which only gluon_gpu can load."""
     with semantics(False):
         net = load_model(path, mx.cpu(), model, input_shape=spec.input_shape, outputs=spec.outputs,
-                         fused_conv="off", member=member)
+                         fused_conv="off", member=member, arrays=arrays)
         members = getattr(net, "members", 1)
         nets = [net] if members == 1 else [extract_member(net, k, input_shape=spec.input_shape)
                                            for k in range(members)]

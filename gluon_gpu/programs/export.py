@@ -21,7 +21,8 @@ import mxnet as mx
 import numpy as np
 
 from ..core.errors import UserError
-from ..core.files import fsync_path, umask_mode, write_guard, write_json, write_text
+from ..core.files import fsync_path, lock_holder, umask_mode, write_guard, write_json, write_text
+from ..core.params import read_parameter_file
 from ..core.version import __version__
 from ..data.fashion_mnist import fashion_spec
 from ..models import load_model, params_in, recorded_run
@@ -72,9 +73,12 @@ def held_out(spec, data_dir, count):
 
 def export(path, out, spec, x, model=None, member=None, chosen=FORMATS):
     """Export the parameters in ``path`` to folder ``out``; check on stored samples ``x``.
-    Returns the signature (also written as ``out/signature.json``)."""
-    servable = servable_model(path, spec, model, member)
-    trained = load_model(path, mx.cpu(), model, input_shape=spec.input_shape, outputs=spec.outputs, member=member)
+    Returns the signature (also written as ``out/signature.json``). The file is read
+    once: a live run may replace it meanwhile."""
+    arrays = read_parameter_file(path)
+    servable = servable_model(path, spec, model, member, arrays=arrays)
+    trained = load_model(path, mx.cpu(), model, input_shape=spec.input_shape, outputs=spec.outputs, member=member,
+                         arrays=arrays)
     expected = predict(trained, x, [mx.cpu()], spec)  # as `predict` runs it, gluon_gpu's own operators and all
     parent = os.path.dirname(os.path.abspath(out))
     with write_guard(out) as temporaries:
@@ -147,6 +151,10 @@ def main(argv=None):
     args = parse_args(build_parser(), argv)
     path = params_in(args.params, args.member)
     spec = recorded_spec(path) or fashion_spec()  # a file without a run: the tutorial's LeNet
+    holder = lock_holder(os.path.dirname(os.path.abspath(path)))
+    if holder:
+        print(f"gluon_gpu.export: note: {os.path.dirname(path) or '.'} is still being trained (process {holder}): "
+              f"exporting {os.path.basename(path)} as it is when read", file=sys.stderr)
     with removed_unless_written(args.out, check_writable(args.out)):
         x, source = held_out(spec, args.data_dir, args.check_samples)
         try:

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from ..core.environment import usable_cpus
 from ..core.errors import UserError
 from ..core.files import write_json
-from ..core.memory import size_text
+from ..core.memory import check_fits, size_text
 from ..data.folders import scan_folder
 from ..data.recordio import ENCODINGS, SPLITS, write_split
 from .cli import Parser, command, main_guard, non_negative_int, progress_enabled
@@ -30,7 +30,7 @@ def build_parser():
     p.add_argument("out", help="the folder to write train.rec, train.idx, val.rec, val.idx and meta.json into")
     p.add_argument("--image-size", metavar="H[,W]", help="resize every image to H or H,W")
     p.add_argument("--encoding", default="auto", choices=ENCODINGS,
-                   help="auto: JPEG and PNG files as they are when not resized, else PNG; jpg; png")
+                   help="auto: JPEG and PNG files as they are when not resized, else JPEG; jpg; png")
     p.add_argument("--quality", type=_quality, default=95, help="JPEG quality, 1-100")
     p.add_argument("--num-workers", type=non_negative_int, default=None,
                    help="processes decoding and encoding images (0: this one; default: the usable cores)")
@@ -46,12 +46,27 @@ def _quality(text):
     return value
 
 
+def _check_out(folder, out):
+    """Refuse an OUT inside the images it packs (FOLDER/train or FOLDER/val): its files
+    would be read as images of a class, by this pack or the next."""
+    for split in SPLITS:
+        images = os.path.realpath(os.path.join(folder, split))
+        if os.path.commonpath([images, os.path.realpath(out)]) == images:
+            raise UserError(f"OUT {out} is inside FOLDER's {split} images: choose a folder outside {images}")
+
+
 @main_guard("gluon_gpu.pack")
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.encoding == "auto" and args.image_size:
         args.encoding = "jpg"  # resized images have no file to keep
     found = scan_folder(args.folder, args.image_size)
+    _check_out(args.folder, args.out)
+    workers = usable_cpus() if args.num_workers is None else args.num_workers
+    image = found.channels * found.size[0] * found.size[1]
+    check_fits({"host": 3 * max(1, workers) * image},  # each worker's image: decoded, resized and encoded
+               f"packing images of {found.channels}x{found.size[0]}x{found.size[1]} with {max(1, workers)} "
+               f"process{'es' * (workers > 1)}", "pass a smaller --image-size, or fewer --num-workers")
     existing = [f"{split}.rec" for split in SPLITS if os.path.exists(os.path.join(args.out, f"{split}.rec"))]
     if existing and not args.overwrite:
         raise UserError(f"{args.out} already holds {existing[0]}: pass --overwrite to replace it")
@@ -59,7 +74,6 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create {args.out}: {e.strerror}") from None
-    workers = usable_cpus() if args.num_workers is None else args.num_workers
     sizes = 0
     with tqdm(total=len(found.train) + len(found.val), desc="pack", unit="image",
               disable=not progress_enabled(args)) as bar:
