@@ -76,6 +76,21 @@ def trained_run(tmp_path_factory, args, folder="run", leaf="run"):
     return out
 
 
+def with_flags(base, *flags):
+    """The command line ``base`` with ``flags`` added, each flag of ``flags`` replacing
+    the same flag (and its value) in ``base``: the programs refuse a flag given twice."""
+    names = {f for f in flags if f.startswith("--")}
+    kept, skip_value = [], False
+    for arg in base:
+        if skip_value and not arg.startswith("--"):
+            skip_value = False
+            continue
+        skip_value = arg in names
+        if not skip_value:
+            kept.append(arg)
+    return kept + list(flags)
+
+
 def read_metrics(out):
     with open(os.path.join(out, "metrics.json")) as f:
         return json.load(f)

@@ -14,7 +14,7 @@ import pytest
 from gluon_gpu.programs import train
 from gluon_gpu.core.checkpoint import latest_checkpoint
 
-from conftest import read_metrics, trained_run
+from conftest import read_metrics, trained_run, with_flags
 from failure_table import table_exit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,14 +100,14 @@ def test_checkpoint_holds_everything_to_resume(straight):
 
 def test_keep_prunes_old_checkpoints(tmp_path):
     out = str(tmp_path / "run")
-    assert train.main(SMALL + ["--epochs", "4", "--keep", "2", "--limit", "256", "--out", out]) == 0
+    assert train.main(with_flags(SMALL, "--epochs", "4", "--keep", "2", "--limit", "256", "--out", out)) == 0
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["epoch-00003-batch-0000000", "epoch-00004-batch-0000000"]
 
 
 def test_save_period(tmp_path):
     out = str(tmp_path / "run")
-    assert train.main(SMALL + ["--epochs", "5", "--save-period", "2", "--keep", "9",
-                               "--limit", "256", "--out", out]) == 0
+    assert train.main(with_flags(SMALL, "--epochs", "5", "--save-period", "2", "--keep", "9",
+                                 "--limit", "256", "--out", out)) == 0
     names = sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("epoch"))
     assert names == [f"epoch-{e:05d}-batch-0000000" for e in (0, 2, 4, 5)]  # start, epochs 2, 4, end
 
@@ -126,7 +126,7 @@ def test_resume_refuses_changed_flags_and_missing_checkpoints(straight, tmp_path
     assert train.main(["--resume", str(tmp_path)]) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
     cosine = str(tmp_path / "cosine")
-    assert train.main(SMALL + ["--epochs", "1", "--limit", "128", "--lr-mode", "cosine", "--out", cosine]) == 0
+    assert train.main(with_flags(SMALL, "--epochs", "1", "--limit", "128", "--lr-mode", "cosine", "--out", cosine)) == 0
     assert train.main(["--resume", cosine, "--epochs", "3"]) == 2
     assert "laid out over the run's epochs" in capsys.readouterr().err
     assert train.main(["--resume", straight, "--quiet"]) == 0  # already finished: nothing to do
@@ -166,6 +166,19 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stopped_after(args, step, signum, marker):
+    """gluon_gpu.train with ``args``, sent ``signum`` right after its ``step``-th step
+    (tests/held_step.py), then waited for: the process, its stdout and its stderr."""
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "held_step.py"), str(step), marker] + args,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    wait_for(lambda: os.path.exists(marker) or proc.poll() is not None)
+    proc.send_signal(signum)
+    os.remove(marker)
+    said, err = proc.communicate(timeout=120)
+    return proc, said, err
+
+
 def let_it_work(proc, seconds):
     """Wait until the process has computed ``seconds`` more CPU time."""
     target = (cpu_seconds(proc.pid) or 0.0) + seconds
@@ -180,7 +193,7 @@ def checkpoint_names(out, hidden=False):
     return sorted(n for n in names if n.startswith(".epoch-" if hidden else "epoch-"))
 
 
-LONGER = SMALL + ["--limit", "12800", "--epochs", "2"]  # 200 batches an epoch
+LONGER = with_flags(SMALL, "--limit", "12800", "--epochs", "2")  # 200 batches an epoch
 
 
 @pytest.fixture(scope="module")
@@ -191,16 +204,13 @@ def straight_longer(tmp_path_factory):
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_signal_checkpoints_mid_epoch_and_resume_is_exact(straight_longer, tmp_path, signum, code):
     out = str(tmp_path / "run")
-    proc = start(LONGER + ["--out", out, "--log-interval", "1"])
-    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))  # epoch 1 done and checkpointed
-    let_it_work(proc, 0.1)  # inside epoch 2 (200 batches, about 0.4 CPU seconds)
-    proc.send_signal(signum)
-    _, err = proc.communicate(timeout=120)
+    proc, _, err = stopped_after(LONGER + ["--out", out, "--log-interval", "1"], 210, signum,
+                                 str(tmp_path / "held"))
     assert proc.returncode == code and table_exit("Ctrl-C / SIGTERM while training", code), err
     assert f"resume with: {sys.executable} -m gluon_gpu.train --resume {out}" in err
     assert "Traceback" not in err
     _, state = latest_checkpoint(out)
-    assert state["epoch"] == 1 and state["batch"] > 0, state  # stopped inside epoch 2
+    assert state["epoch"] == 1 and state["batch"] == 10, state  # stopped after step 210: epoch 2's 10th of 200
     assert state["metrics"]["samples"] == state["batch"] * 64
     assert read_metrics(out)["status"] == "interrupted"
     assert train.main(["--resume", out, "--quiet"]) == 0
@@ -216,7 +226,7 @@ KILLS = {  # how a kill lands: the signal, and whether it waits until the proces
 
 
 # 50 batches an epoch, 2 epochs a kill: long enough that no kill comes after the end
-CHAOS = SMALL + ["--limit", "3200", "--val-limit", "500", "--epochs", str(2 * CHAOS_KILLS)]
+CHAOS = with_flags(SMALL, "--limit", "3200", "--val-limit", "500", "--epochs", str(2 * CHAOS_KILLS))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 from gluon_gpu.programs import launch, remote_role, resume, train
 
-from conftest import read_metrics
+from conftest import read_metrics, with_flags
 from test_checkpoints import CHAOS_KILLS, CHAOS_SEED, cpu_seconds
 from failure_table import table_exit
 
@@ -97,7 +97,7 @@ def test_an_augmented_mixed_job_equals_one_process(tmp_path):
     flags = ["--augment", "flip,crop=2,erase", "--mixup", "0.4", "--limit", "2560", "--val-limit", "500",
              "--epochs", "1"]
     job = uuid.uuid4().hex
-    proc = run_launch(["-n", "2", "-s", "1", "--timeout", "200", "--"] + TRAIN + flags
+    proc = run_launch(["-n", "2", "-s", "1", "--timeout", "200", "--"] + with_flags(TRAIN, *flags)
                       + ["--out", str(tmp_path / "job")], job)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err

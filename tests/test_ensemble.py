@@ -29,7 +29,7 @@ from gluon_gpu.core import devices as devices_module
 from gluon_gpu.core.devices import cpu_contexts
 from gluon_gpu.models.init import ensemble_engine_workers, ensemble_layout
 
-from conftest import fashion_transform, param_arrays, read_metrics
+from conftest import fashion_transform, param_arrays, read_metrics, with_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -374,7 +374,8 @@ def test_ensemble_run_resumes(ensemble_run, tmp_path):
     (["--ensemble", "2", "--devices", "cpu*4", "--batch-size", "3"], "smaller than the 4 devices"),
 ])
 def test_bad_ensemble_flags(tmp_path, capsys, args, message):
-    assert train.main(["--out", str(tmp_path / "r"), "--devices", "cpu", "--limit", "64", "--quiet"] + args) == 2
+    assert train.main(with_flags(["--out", str(tmp_path / "r"), "--devices", "cpu", "--limit", "64", "--quiet"],
+                                 *args)) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
 
@@ -483,20 +484,16 @@ def test_members_side_by_side_on_one_context_resume_exactly_from_inside_an_epoch
     """The trainer's default for an ensemble on one CPU context (auto: separate, on an
     engine worker per core), stopped by SIGINT inside epoch 2 and resumed by the CLI,
     ends where a straight run of the same layout on one worker in this process ends."""
-    from test_checkpoints import LONGER, assert_same_run, checkpoint_names, let_it_work, start, wait_for
+    from test_checkpoints import LONGER, assert_same_run, checkpoint_names, stopped_after
     monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
     args = LONGER + ["--ensemble", "2", "--val-limit", "512"]
     straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
     assert train.main(args + ["--ensemble-layout", "separate", "--out", straight]) == 0
-    proc = start(args + ["--log-interval", "1", "--out", out])
-    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))  # epoch 1 done and checkpointed
-    let_it_work(proc, 0.1)  # inside epoch 2 (200 batches of two members)
-    proc.send_signal(signal.SIGINT)
-    said, err = proc.communicate(timeout=120)
+    proc, said, err = stopped_after(args + ["--log-interval", "1", "--out", out], 210, signal.SIGINT,
+                                    str(tmp_path / "held"))  # epoch 2's 10th batch of 200 (of two members)
     assert proc.returncode == 130, err
     assert "2 x lenet (separate layout)" in said and "2 engine workers per context" in said
-    inside = checkpoint_names(out)[-1]
-    assert inside.startswith("epoch-00001-batch-") and not inside.endswith("-0000000")
+    assert checkpoint_names(out)[-1] == "epoch-00001-batch-0000010"
     resumed = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--resume", out, "--quiet"], cwd=REPO,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and "skipping" not in resumed.stderr, resumed.stderr

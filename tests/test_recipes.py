@@ -5,7 +5,7 @@ import os
 from gluon_gpu.programs import train
 from gluon_gpu.programs.recipes import RECIPES
 
-from conftest import read_metrics
+from conftest import read_metrics, with_flags
 
 QUICK = ["--devices", "cpu", "--limit", "640", "--val-limit", "200", "--batch-size", "64", "--quiet"]
 
@@ -50,8 +50,8 @@ def test_the_resnet_recipe_is_swept_without_its_moving_average(capsys, tmp_path)
     """--ema 0 takes the recipe's moving average out (a sweep has none yet); its
     augmentation stays, shared by the members of one seed."""
     out = str(tmp_path / "r")
-    assert train.main(QUICK + ["--recipe", "resnet20", "--ema", "0", "--sweep", "lr=0.05,0.1", "--epochs", "2",
-                               "--limit", "256", "--val-limit", "100", "--warmup-epochs", "1", "--out", out]) == 0
+    assert train.main(with_flags(QUICK, "--recipe", "resnet20", "--ema", "0", "--sweep", "lr=0.05,0.1", "--epochs", "2",
+                                 "--limit", "256", "--val-limit", "100", "--warmup-epochs", "1", "--out", out)) == 0
     plan = capsys.readouterr().out.splitlines()[0]
     assert "sweep of 2 x cifar_resnet20_v1" in plan and "--ema 0 (recipe: 0.999)" in plan
     assert "--warmup-epochs 1" in plan

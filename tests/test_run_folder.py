@@ -12,7 +12,7 @@ import pytest
 
 from gluon_gpu.programs import evaluate, predict, train
 
-from conftest import read_metrics, trained_run
+from conftest import read_metrics, trained_run, with_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = ("train", "evaluate", "predict", "bench", "launch", "pack", "export")
@@ -76,7 +76,7 @@ def test_a_dry_run_says_it_creates_nothing(tmp_path, capsys):
 
 
 def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, capsys):
-    assert train.main(SHORT + ["--out", str(tmp_path / "r"), "--batch-size", "2048", "--epochs", "1"]) == 0
+    assert train.main(with_flags(SHORT, "--out", str(tmp_path / "r"), "--batch-size", "2048", "--epochs", "1")) == 0
     warning = ("gluon_gpu.train: warning: --batch-size 2048 is larger than the 1024 training samples: "
                "every epoch is one update of 1024 samples")
     assert warning in capsys.readouterr().err
@@ -181,7 +181,7 @@ def test_a_run_that_learns_nothing_says_so_once_and_metrics_json_keeps_it():
 
 def test_a_real_run_at_a_learning_rate_that_cannot_move_it_is_warned_about(tmp_path, capsys):
     out = str(tmp_path / "r")
-    assert train.main(SHORT + ["--out", out, "--lr", "1e-9", "--epochs", "2"]) == 0
+    assert train.main(with_flags(SHORT, "--out", out, "--lr", "1e-9", "--epochs", "2")) == 0
     err = capsys.readouterr().err
     assert "gluon_gpu.train: warning: the training loss has stayed at" in err and "(--lr 1e-09)" in err
     assert "the network learns nothing" in read_metrics(out)["epochs"][1]["warning"]

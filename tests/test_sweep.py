@@ -283,20 +283,16 @@ def test_the_rules_judge_only_the_members_still_training():
 def test_a_pruned_sweep_stopped_mid_epoch_resumes_to_the_straight_run(tmp_path):
     """SIGINT inside epoch 2, after epoch 1 pruned the lr 1e-9 member: the resumed run
     keeps it stopped and ends as the straight run, parameters and figures."""
-    from test_checkpoints import assert_same_run, checkpoint_names, let_it_work, start, wait_for
+    from test_checkpoints import assert_same_run, checkpoint_names, stopped_after
     args = ["--devices", "cpu*2", "--limit", "12800", "--val-limit", "512", "--batch-size", "64", "--quiet",
             "--sweep", "lr=0.1,0.05,1e-9", "--prune", "median", "--epochs", "3"]
     straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
     assert train.main(args + ["--out", straight]) == 0
     assert read_metrics(straight)["epochs"][0]["stopped"] == {"2": 1}
-    proc = start(args + ["--log-interval", "1", "--out", out])
-    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))  # epoch 1 done and checkpointed
-    let_it_work(proc, 0.1)  # inside epoch 2 (200 batches)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    proc, _, err = stopped_after(args + ["--log-interval", "1", "--out", out], 210, signal.SIGINT,
+                                 str(tmp_path / "held"))  # epoch 2's 10th batch of 200
     assert proc.returncode == 130, err
-    inside = checkpoint_names(out)[-1]
-    assert inside.startswith("epoch-00001-batch-") and not inside.endswith("-0000000")
+    assert checkpoint_names(out)[-1] == "epoch-00001-batch-0000010"
     assert train.main(["--resume", out, "--quiet"]) == 0
     assert_same_run(straight, out)
 

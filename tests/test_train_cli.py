@@ -171,14 +171,37 @@ def test_evaluate_rejects_parameters_of_another_zoo_model(trained, capsys):
     (["--lr-mode", "step", "--lr-decay-epoch", "2,2"], "epochs must increase"),
     (["--lr-mode", "step", "--lr-decay-epoch", "1.5"], "not a whole number: '1.5'"),
     (["--data-dir", "/nonexistent/fmnist"], "does not hold the FashionMNIST"),
+    # a flag given twice: argparse kept the last silently
+    (["--lr", "0.1", "--epochs", "1", "--lr", "0.2"], "--lr is given twice: give it once"),
+    (["--lr=0.1", "--lr", "0.2"], "--lr is given twice"),
+    (["--hybridize", "--no-hybridize"], "--hybridize and --no-hybridize are both given: give one"),
+    (["--quiet"], "--quiet is given twice"),
 ])
 def test_train_user_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
     out = str(tmp_path / "r")
-    code = train.main(["--out", out, "--devices", "cpu", "--limit", "256", "--quiet"] + args)
+    devices = [] if "--devices" in args else ["--devices", "cpu"]  # the cases' own, given once
+    code = train.main(["--out", out, "--limit", "256", "--quiet"] + devices + args)
+    if "given" in message:
+        assert table_exit("a flag given twice", code)
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert message in err and "Traceback" not in err
+
+
+def test_a_flag_given_twice_is_refused_by_every_program_but_not_in_a_command_passed_on(capsys):
+    """The Parser every program shares refuses a repeat; launch's worker command (after
+    ``--``, or from its first word) is the worker's to parse, whatever flags it repeats."""
+    from gluon_gpu.programs import launch, pack
+    assert pack.main(["folder", "out", "--quality", "90", "--quality", "80"]) == 2
+    assert capsys.readouterr().err.strip() == ("gluon_gpu.pack: error: --quality is given twice: give it once "
+                                               "(see --help)")
+    parser = launch.build_parser()
+    for command in (["--", "train", "-n", "3", "--quiet", "--quiet"], ["train", "-n", "3"]):
+        assert parser.parse_args(["-n", "2"] + command).command[-2:] == command[-2:]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["-n", "2", "--num-workers", "3", "--", "train"])
+    assert "-n and --num-workers are both given: give one" in capsys.readouterr().err
 
 
 def test_unwritable_out_fails_before_training(tmp_path, capsys):

@@ -88,6 +88,33 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"{self.tag}: error: {message} (see --help)\n")
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._refuse_repeats(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_repeats(self, args):
+        """A flag given twice (``--lr 0.1 ... --lr 0.2``, ``--hybridize ... --no-hybridize``)
+        is one line: argparse keeps the last silently. Flags that collect (``append``,
+        ``count``) may repeat; the scan ends at ``--`` or at a command this parser passes
+        on whole (``launch``'s)."""
+        seen, takes_value = {}, False
+        passes_on = any(a.nargs == argparse.REMAINDER for a in self._actions if not a.option_strings)
+        for arg in args:
+            found = arg != "--" and self._parse_optional(arg)  # pylint: disable=protected-access
+            if not found:  # "--", a flag's value, or a positional
+                if arg == "--" or (passes_on and not takes_value):
+                    return
+                takes_value = False
+                continue
+            action, option, _ = found
+            takes_value = action is not None and action.nargs != 0 and "=" not in arg
+            if action is None or isinstance(action, (argparse._AppendAction, argparse._CountAction)):
+                continue
+            if action in seen:
+                self.error(f"{option} is given twice: give it once" if option == seen[action] else
+                           f"{seen[action]} and {option} are both given: give one")
+            seen[action] = option
+
 
 def positive_int(text):
     value = _number(int, text)
