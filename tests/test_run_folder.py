@@ -13,6 +13,7 @@ import pytest
 from gluon_gpu.programs import evaluate, predict, train
 
 from conftest import read_metrics, trained_run, with_flags
+from failure_table import table_exit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = ("train", "evaluate", "predict", "bench", "launch", "pack", "export")
@@ -83,11 +84,31 @@ def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, capsys):
     assert open(tmp_path / "r" / "train.log").read().splitlines()[1] == warning  # the log keeps it too
 
 
-def test_decay_epochs_of_another_schedule_are_warned_about(tmp_path, capsys):
-    assert train.main(SHORT + ["--out", str(tmp_path / "r"), "--dry-run", "--lr-mode", "cosine",
-                               "--lr-decay-epoch", "6,8"]) == 0
-    assert ("gluon_gpu.train: warning: --lr-decay-epoch 6,8 changes nothing with --lr-mode cosine (it sets the decay "
-            "epochs of --lr-mode step)") in capsys.readouterr().err
+@pytest.mark.parametrize("flags, warning", [
+    (["--lr-mode", "cosine", "--lr-decay-epoch", "6,8"],
+     "--lr-decay-epoch 6,8 changes nothing with --lr-mode cosine (it sets the decay epochs of --lr-mode step)"),
+    # the rest of the class: settings of a schedule or of pruning that the run does not use
+    (["--lr-decay", "0.5"], "--lr-decay 0.5 changes nothing with --lr-mode constant (it is the factor at each decay "
+                            "epoch of --lr-mode step)"),
+    (["--warmup-lr", "0.01"], "--warmup-lr 0.01 changes nothing with --warmup-epochs 0 (it is the rate a warmup "
+                              "starts from)"),
+    (["--prune-warmup", "2"], "--prune-warmup 2 changes nothing with --prune off (it is how long a member trains "
+                              "before --prune judges it)"),
+])
+def test_a_flag_the_mode_chosen_does_not_use_is_warned_about(tmp_path, capsys, flags, warning):
+    assert table_exit("a flag the mode chosen does not use",
+                      train.main(SHORT + ["--out", str(tmp_path / "r"), "--dry-run"] + flags))
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"gluon_gpu.train: warning: {warning}"], warnings
+
+
+def test_a_flag_is_not_warned_about_where_it_counts(tmp_path, capsys):
+    """Used by the mode chosen, or by some members of a sweep that varies the mode."""
+    for flags in (["--lr-mode", "step", "--lr-decay-epoch", "2", "--lr-decay", "0.5"],
+                  ["--warmup-epochs", "1", "--warmup-lr", "0.01"],
+                  ["--sweep", "lr-mode=constant,step", "--lr-decay-epoch", "2", "--lr-decay", "0.5"]):
+        assert train.main(SHORT + ["--out", str(tmp_path / "r"), "--dry-run"] + flags) == 0
+        assert "warning" not in capsys.readouterr().err, flags
 
 
 def test_a_scheduled_run_prints_no_mxnet_warning(tmp_path, capsys):

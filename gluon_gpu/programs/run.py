@@ -1,7 +1,7 @@
 """Assembling a run from a :class:`RunConfig`: data, network, pipelines and the
 DataParallel step. Shared by train (and --resume) and bench."""
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import mxnet as mx
 
@@ -121,12 +121,9 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                       bucket_bytes=int(config.bucket_mb * 2**20), exchange=exchange,
                       accumulate=config.accumulate, clip_grad=config.clip_grad, augment=augment,
                       mixing=mixing)
-    warnings = []
+    warnings = idle_flags(config)
     if config.sync_bn and not synced:
         warnings.append(f"`sync_bn`: {config.model} has no BatchNorm layer; nothing to synchronize")
-    if config.lr_decay_epoch and config.lr_mode != "step":
-        warnings.append(f"`lr_decay_epoch` {config.lr_decay_epoch} changes nothing with `lr_mode` {config.lr_mode} "
-                        "(it sets the decay epochs of `lr_mode` step)")
     if config.batch_size * shard[1] > len(data.train_y):
         warnings.append(f"`batch_size` {config.batch_size * shard[1]} is larger than the {len(data.train_y)} "
                         f"training samples: every epoch is one update of {len(data.train_y)} samples")
@@ -203,6 +200,21 @@ def optimizer_params(config, iters_per_epoch):
     # warning on every run whose schedule starts elsewhere (warmup from --warmup-lr).
     params.update({"lr_scheduler": scheduler} if scheduler is not None else {"learning_rate": config.lr})
     return params
+
+
+def idle_flags(config):
+    """A warning for each flag set away from its default that changes nothing in the
+    mode chosen (argparse takes it silently): the schedule's and pruning's settings.
+    A sweep that varies the mode that uses one is left alone."""
+    varied = (config.sweep or "").replace("_", "-")
+    idle = [("lr_decay_epoch", "lr_mode", config.lr_mode != "step", "it sets the decay epochs of `lr_mode` step"),
+            ("lr_decay", "lr_mode", config.lr_mode != "step", "it is the factor at each decay epoch of `lr_mode` step"),
+            ("warmup_lr", "warmup_epochs", not config.warmup_epochs, "it is the rate a warmup starts from"),
+            ("prune_warmup", "prune", config.prune == "off", "it is how long a member trains before `prune` judges it")]
+    defaults = {f.name: f.default for f in fields(RunConfig)}
+    return [f"`{flag}` {getattr(config, flag)} changes nothing with `{mode}` {getattr(config, mode)} ({why})"
+            for flag, mode, unused, why in idle
+            if unused and getattr(config, flag) != defaults[flag] and mode.replace("_", "-") not in varied]
 
 
 def lr_scheduler(config, iters_per_epoch):
