@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import mxnet as mx
 import numpy as np
@@ -215,6 +216,31 @@ def test_a_killed_loader_worker_ends_the_run_in_one_line_with_its_partial_epoch_
     assert read_metrics(out)["status"] == "failed"
     assert train.main(["--resume", out, "--quiet"]) == 0
     assert_same_run(runs["loader"], out)
+
+
+def test_a_run_killed_with_sigkill_leaves_its_temporary_folder_only_until_the_next_start(fashion_folder, tmp_path):
+    """Nothing of a process runs after kill -9, so multiprocessing's pymp-* folder (the
+    sockets its loader workers hand shared memory through) stays: the next program that
+    starts workers removes it, and its own at exit. TMPDIR short: the sockets' paths
+    must fit in 108 characters."""
+    temp = tempfile.mkdtemp(prefix="gg-", dir="/tmp")
+    try:
+        env = {**os.environ, "PYTHONPATH": REPO, "TMPDIR": temp}
+        out = str(tmp_path / "run")
+        proc = subprocess.Popen([sys.executable, "-m", "gluon_gpu.train"] + FLAGS + [
+            "--dataset", "folder", "--data-dir", fashion_folder, "--epochs", "2", "--pipeline", "loader", "--out", out],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))  # its workers have run
+        proc.kill()
+        proc.wait()
+        left = os.path.join(temp, f"gluon_gpu-{proc.pid}")
+        assert os.listdir(temp) == [os.path.basename(left)] and any(n.startswith("pymp-") for n in os.listdir(left))
+        done = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--resume", out, "--quiet"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert os.listdir(temp) == []
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_a_killed_pack_worker_ends_pack_in_one_line_and_leaves_no_files(fashion_folder, tmp_path):

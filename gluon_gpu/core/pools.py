@@ -3,13 +3,19 @@ worker that dies (the out-of-memory killer's SIGKILL) but loses the task it held
 result waited on never comes: Gluon's DataLoader gives up after 120 s with a traceback,
 ``Pool.imap`` never. These waits poll the result and the pool's processes instead, and
 raise :class:`ProcessDied` within a fraction of a second of a death."""
+import functools
 import multiprocessing.connection
 import multiprocessing.pool
+import multiprocessing.util
+import os
+import shutil
+import tempfile
 from multiprocessing.pool import TERMINATE
 
 from .errors import ProcessDied
 
 POLL_SECONDS = 0.2
+TEMP_PREFIX = "gluon_gpu-"  # + the PID of the process whose workers' temporary directory it holds
 DEATH_SECONDS = 1  # from a broken hand-over to the death of the worker behind it
 
 
@@ -33,6 +39,7 @@ class PoolWatch:
     ended was killed, and whatever it held is lost. ``what`` names them in the error."""
 
     def __init__(self, processes, what, **options):
+        own_temp_dir()
         self.pool, self.what = _OwnedPool(processes, **options), what
 
     def dead(self):
@@ -105,3 +112,36 @@ def _end(pool):
     for process in pool._pool:
         process.join()
     pool._terminate.cancel()  # Pool.terminate() and the exit's finalizers: nothing left to do
+
+
+@functools.lru_cache(maxsize=None)
+def own_temp_dir():
+    """multiprocessing's temporary directory (``pymp-*``: sockets through which workers
+    hand over shared memory), made before the workers, which inherit it (made by each,
+    stopped at exit, they left theirs behind), inside ``TMPDIR/gluon_gpu-PID``.
+    multiprocessing removes it at exit and this its folder; after a SIGKILL nothing runs,
+    so each process first removes the folders of processes that are gone."""
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        pid = name[len(TEMP_PREFIX):]
+        if name.startswith(TEMP_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    folder = os.path.join(base, f"{TEMP_PREFIX}{os.getpid()}")
+    os.makedirs(folder, exist_ok=True)
+    saved, tempfile.tempdir = tempfile.tempdir, folder
+    try:
+        multiprocessing.util.get_temp_dir()
+    finally:
+        tempfile.tempdir = saved
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-101)  # after pymp-*
+    return folder
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True

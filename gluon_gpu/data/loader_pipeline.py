@@ -4,7 +4,6 @@ disk), in the device pipeline's order, with its augmentation and mixing paramete
 host batches the step cuts over the devices, normalized by the same in-graph
 transform. For data that does not fit on the devices."""
 import atexit
-import multiprocessing.util
 import pickle
 import signal
 
@@ -60,7 +59,7 @@ class LoaderPipeline:
                  shard=(0, 1), member_columns=0):
         self.n, self.augment, self.mixing, self.member_columns = len(dataset), augment, mixing, member_columns
         self._sampler = _EpochSampler(self.n, batch_size, seed, shuffle, shard)
-        self._loader = start_loader(dataset, num_workers, batch_sampler=self._sampler)
+        self._loader = WatchedLoader(dataset, num_workers=num_workers, batch_sampler=self._sampler)
 
     def __len__(self):
         return len(self._sampler)
@@ -92,18 +91,7 @@ class LoaderPipeline:
                    nd.array(mix[1][indices[:n]]))
 
 
-def start_loader(dataset, num_workers, **options):
-    """Gluon's DataLoader, whose worker processes are watched (:class:`_WatchedLoader`).
-    Its worker processes each made a temporary directory (``pymp-*``, for the sockets
-    that pass shared memory) and, stopped at exit, never removed it (2 runs of 3 left
-    some behind). Made here first, this process's is the one the workers inherit, and
-    multiprocessing removes it at exit, after the workers."""
-    if num_workers:
-        multiprocessing.util.get_temp_dir()
-    return _WatchedLoader(dataset, num_workers=num_workers, **options)
-
-
-class _WatchedLoader(gluon.data.DataLoader):
+class WatchedLoader(gluon.data.DataLoader):
     """A DataLoader whose iteration raises ProcessDied at the batch after a worker's
     death, or within a fraction of a second while it waits for one (core/pools.py),
     instead of stalling 120 s into a traceback, or hanging when its pool, ended, waits

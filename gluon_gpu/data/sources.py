@@ -17,7 +17,7 @@ from ..core.errors import DataError
 from ..core.memory import check_fits
 from .arrays import Dataset
 from .images import decode
-from .loader_pipeline import start_loader
+from .loader_pipeline import WatchedLoader
 from .spec import DataSpec, channel_stats, input_scale
 
 STATS_SAMPLES = 1024  # images that give the mean and std: exact below it, a close estimate above
@@ -80,7 +80,7 @@ class ImageSource(gluon.data.Dataset):
         """``(start, uint8 images)`` over every sample in order, decoded by ``num_workers``
         DataLoader workers (0: in this process)."""
         start = 0
-        for batch in start_loader(_Images(self), num_workers, batch_size=batch_size):
+        for batch in WatchedLoader(_Images(self), num_workers=num_workers, batch_size=batch_size):
             yield start, batch.asnumpy()
             start += len(batch)
 
