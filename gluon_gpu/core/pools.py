@@ -2,7 +2,9 @@
 worker that dies (the out-of-memory killer's SIGKILL) but loses the task it held, so a
 result waited on never comes: Gluon's DataLoader gives up after 120 s with a traceback,
 ``Pool.imap`` never. These waits poll the result and the pool's processes instead, and
-raise :class:`ProcessDied` within a fraction of a second of a death."""
+raise :class:`ProcessDied` within a fraction of a second of a death; a pool is ended
+without waiting on what the dead left, and the workers' temporary folder goes with the
+next start if not at exit (docs/maintainers/internals.md, "Worker pools")."""
 import functools
 import multiprocessing.connection
 import multiprocessing.pool
