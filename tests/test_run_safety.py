@@ -370,14 +370,14 @@ dataset = gluon.data.ArrayDataset(np.zeros((512, 1, 8, 8), np.float32), np.zeros
 pipeline = LoaderPipeline(dataset, 64, num_workers=4)
 for _ in pipeline.epoch(0):
     pass
-print(len(glob.glob(os.path.join(os.environ["TMPDIR"], "pymp-*"))))
+print(len(glob.glob(os.path.join(os.environ["TMPDIR"], "**", "pymp-*"), recursive=True)))
 """
 
 
 def test_the_loader_s_workers_leave_no_temporary_files():
     """The DataLoader's workers make pymp-* directories (sockets passing shared memory)
     and, stopped at exit, never removed them: now they share the main process's one,
-    which multiprocessing removes at exit."""
+    which multiprocessing removes at exit (inside TMPDIR/gluon_gpu-PID, gone too)."""
     # A short TMPDIR: the sockets inside it must fit AF_UNIX's 108 bytes, which pytest's
     # tmp_path under an xdist worker (pytest-N/popen-gwK/<test name>/) did not always.
     tmp = tempfile.mkdtemp(prefix="pymp-test-", dir="/tmp")
