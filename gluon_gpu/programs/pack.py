@@ -63,10 +63,11 @@ def main(argv=None):
     found = scan_folder(args.folder, args.image_size)
     _check_out(args.folder, args.out)
     workers = usable_cpus() if args.num_workers is None else args.num_workers
+    processes = max(1, workers)  # 0 workers: this process encodes
     image = found.channels * found.size[0] * found.size[1]
-    check_fits({"host": 3 * max(1, workers) * image},  # each worker's image: decoded, resized and encoded
-               f"packing images of {found.channels}x{found.size[0]}x{found.size[1]} with {max(1, workers)} "
-               f"process{'es' * (workers > 1)}", "pass a smaller --image-size, or fewer --num-workers")
+    check_fits({"host": 3 * processes * image},  # each process's image: decoded, resized and encoded
+               f"packing images of {found.channels}x{found.size[0]}x{found.size[1]} with {processes} "
+               f"process{'es' * (processes > 1)}", "pass a smaller --image-size, or fewer --num-workers")
     existing = [f"{split}.rec" for split in SPLITS if os.path.exists(os.path.join(args.out, f"{split}.rec"))]
     if existing and not args.overwrite:
         raise UserError(f"{args.out} already holds {existing[0]}: pass --overwrite to replace it")
