@@ -45,14 +45,18 @@ class PoolWatch:
         self.pool, self.what = _OwnedPool(processes, **options), what
 
     def dead(self):
-        """A watched process that ended, or None."""
-        return next((process for process in self.pool.started if process.exitcode is not None), None)
+        """A watched process that ended, or None: by its sentinel, closed as it exits,
+        since its exit code may not be readable yet (not a zombie yet, or being reaped by
+        the pool's thread: 2 kills in 20 then ended in an EOFError traceback)."""
+        sentinels = _sentinels(self.pool.started)
+        return next((sentinels[s] for s in multiprocessing.connection.wait(list(sentinels), 0)), None)
 
     def check(self):
         """ProcessDied, the pool ended, if a watched process ended."""
         dead = self.dead()
         if dead is not None:
             self.end()
+            dead.join()  # reaped by now (by the pool's thread or by the end): its exit code
             raise ProcessDied(self.what, dead.pid, dead.exitcode)
 
     def end(self):
@@ -73,7 +77,7 @@ class PoolWatch:
         try:
             return unpack(pending.get())
         except (OSError, EOFError):  # the worker died while handing it over, maybe not yet reaped
-            multiprocessing.connection.wait([p.sentinel for p in self.pool.started], DEATH_SECONDS)
+            multiprocessing.connection.wait(list(_sentinels(self.pool.started)), DEATH_SECONDS)
             self.check()
             raise
 
@@ -91,6 +95,18 @@ class PoolWatch:
                 return
             self.check()
             yield item
+
+
+def _sentinels(processes):
+    """{sentinel: process} of ``processes``, but one the pool's thread is starting (a
+    replacement), which has none yet."""
+    found = {}
+    for process in processes:
+        try:
+            found[process.sentinel] = process
+        except ValueError:  # "process not started"
+            pass
+    return found
 
 
 def _end(pool):
