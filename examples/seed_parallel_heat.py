@@ -20,9 +20,9 @@ import numpy as np
 from mxnet.gluon import nn
 
 import gluon_gpu
-from gluon_gpu.core.callbacks import save_figure, subplots
-from gluon_gpu.core.devices import describe
-from gluon_gpu.core.files import write_json
+from gluon_gpu.core.loop.callbacks import save_figure, subplots
+from gluon_gpu.core.platform.devices import describe
+from gluon_gpu.core.platform.files import write_json
 from gluon_gpu.data import DevicePipeline, from_arrays
 from gluon_gpu.models import init_model, pipeline_layout
 

@@ -14,7 +14,7 @@ from mxnet import npx
 from mxnet.gluon import nn
 
 import gluon_gpu
-from gluon_gpu.core.params import save_parameters
+from gluon_gpu.core.step.params import save_parameters
 from gluon_gpu.data import DevicePipeline, load_dataset
 
 npx.set_np()

@@ -12,12 +12,12 @@ a CPU quota when MXNet is not imported yet (environment.fit_threads_to_cpu_quota
 """
 import importlib
 
-from .core import environment
-from .core.version import __version__  # noqa: F401  (gluon_gpu.__version__)
+from .core.platform import environment
+from .core.state.version import __version__  # noqa: F401  (gluon_gpu.__version__)
 
-_API = {"devices": "core.devices", "parse_devices": "core.devices", "DataParallel": "core.parallel",
-        "Head": "core.heads", "Classification": "core.heads", "Regression": "core.heads",
-        "UserError": "core.errors", "ensemble": "models", "get_model": "models", "load_model": "models"}
+_API = {"devices": "core.platform.devices", "parse_devices": "core.platform.devices", "DataParallel": "core.step.parallel",
+        "Head": "core.step.heads", "Classification": "core.step.heads", "Regression": "core.step.heads",
+        "UserError": "core.platform.errors", "ensemble": "models", "get_model": "models", "load_model": "models"}
 __all__ = list(_API)
 
 

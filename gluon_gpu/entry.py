@@ -1,16 +1,16 @@
 """The programs' entry (``python -m gluon_gpu.<program>``, ``gluon-gpu-<program>``):
 the environment variables MXNet reads at start are checked before MXNet is imported
-(on a bad one MXNet aborts, crashes or hangs: core/environment.py), its OpenMP threads
+(on a bad one MXNet aborts, crashes or hangs: core/platform/environment.py), its OpenMP threads
 are fitted to a CPU quota, and a Ctrl-C while it is imported is one line, as later."""
 import importlib
 import sys
 
-from .core import environment, signals  # import no MXNet
+from .core.platform import environment, signals  # import no MXNet
 
 
-def program(name):
-    """The ``main(argv=None) -> exit status`` of ``programs/<name>.py``, imported on its
-    first call."""
+def program(name, path=None):
+    """The ``main(argv=None) -> exit status`` of ``programs/<path>.py`` (default:
+    ``name``), imported on its first call."""
     def main(argv=None):
         signals.raise_on_stop_signals()
         found = environment.problem()
@@ -19,7 +19,7 @@ def program(name):
             return 2
         environment.fit_threads_to_cpu_quota()
         try:
-            module = importlib.import_module(f"{__package__}.programs.{name}")
+            module = importlib.import_module(f"{__package__}.programs.{path or name}")
         except KeyboardInterrupt:
             print(f"gluon_gpu.{name}: interrupted", file=sys.stderr)
             return 130

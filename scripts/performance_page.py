@@ -123,7 +123,7 @@ def stamp(machine):
 
 def machine_stamp():
     """``stamp`` of this machine, for a page that runs no benchmark."""
-    from gluon_gpu.programs.bench_timing import machine_info
+    from gluon_gpu.programs.bench.timing import machine_info
     return stamp(machine_info())
 
 

@@ -10,8 +10,8 @@ import numpy as np
 from mxnet import nd
 
 from gluon_gpu import DataParallel
-from gluon_gpu.core.checkpoint import load_checkpoint, save_checkpoint
-from gluon_gpu.core.errors import UserError
+from gluon_gpu.core.state.checkpoint import load_checkpoint, save_checkpoint
+from gluon_gpu.core.platform.errors import UserError
 from gluon_gpu.data import load_dataset
 from gluon_gpu.models import init_model
 

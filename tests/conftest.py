@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import mxnet as mx
 
-from gluon_gpu.core.precision import cpu_flags
+from gluon_gpu.core.step.precision import cpu_flags
 from gluon_gpu.data.fashion_mnist import fashion_spec, find_data_dir, load_split
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))

@@ -7,17 +7,18 @@ import os
 import sys
 import time
 
-from gluon_gpu.core.parallel import DataParallel
+from gluon_gpu.core.step.placed import PlacedStep
+from gluon_gpu.core.step.replicated import ReplicatedStep
 from gluon_gpu.programs.train import main
 
 STEP, MARKER = int(sys.argv[1]), sys.argv[2]
-original_step = DataParallel.step
+STEPS = {kind: kind.step for kind in (ReplicatedStep, PlacedStep)}  # the two strategies (core/step/parallel.py)
 steps = 0
 
 
-def held(*args, **kwargs):
+def held(self, *args, **kwargs):
     global steps  # pylint: disable=global-statement
-    result = original_step(*args, **kwargs)
+    result = STEPS[type(self)](self, *args, **kwargs)
     steps += 1
     if steps == STEP:
         with open(MARKER, "w"):
@@ -27,6 +28,6 @@ def held(*args, **kwargs):
     return result
 
 
-DataParallel.step = held
+ReplicatedStep.step = PlacedStep.step = held
 del sys.argv[1:3]  # the rest is train's command line, parsed as the CLI parses it
 sys.exit(main())

@@ -4,7 +4,7 @@ before the optimizer state, for the tests that kill or interrupt it there:
 import sys
 import time
 
-from gluon_gpu.core import checkpoint
+from gluon_gpu.core.state import checkpoint
 from gluon_gpu.programs.train import main
 
 SECONDS = float(sys.argv[1])

@@ -10,9 +10,9 @@ from mxnet import gluon, nd, npx
 from mxnet.gluon import nn
 
 from gluon_gpu import DataParallel, load_model
-from gluon_gpu.core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from gluon_gpu.core.modes import semantics
-from gluon_gpu.core.params import save_parameters
+from gluon_gpu.core.state.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from gluon_gpu.core.step.array_api import semantics
+from gluon_gpu.core.step.params import save_parameters
 from gluon_gpu.programs import evaluate, train
 from gluon_gpu.programs.config import RunConfig
 from gluon_gpu.programs.run import build_run

@@ -1,6 +1,7 @@
 """The package's shape, as docs/maintainers/architecture.md states it: four layers, each importing
-only the layers below it, no import cycle between modules (imports inside functions
-included), and a data-parallel step short enough to read whole."""
+only the layers below it, core's modules in four groups by concern that import only the
+groups below them, no import cycle between modules (imports inside functions included),
+and functions short enough to read whole."""
 import ast
 import os
 
@@ -8,6 +9,7 @@ import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gluon_gpu")
 LAYERS = ("core", "data", "models", "programs")  # each may import those before it
+CORE_GROUPS = ("platform", "step", "state", "loop")  # the same inside core
 
 
 def modules():
@@ -59,6 +61,23 @@ def test_no_layer_imports_a_layer_above_it(graph):
     assert upward == []
 
 
+def core_group(name):
+    parts = name.split(".")
+    return CORE_GROUPS.index(parts[2]) if len(parts) > 2 and parts[1] == "core" else None
+
+
+def test_core_is_grouped_by_concern():
+    loose = [n for n in os.listdir(os.path.join(PACKAGE, "core")) if n.endswith(".py") and n != "__init__.py"]
+    assert loose == [] and {n for n in os.listdir(os.path.join(PACKAGE, "core")) if "." not in n and
+                            not n.startswith("__")} == set(CORE_GROUPS)
+
+
+def test_no_core_group_imports_a_group_above_it(graph):
+    upward = [f"{m} -> {t}" for m, targets in graph.items() for t in targets
+              if core_group(m) is not None and core_group(t) is not None and core_group(t) > core_group(m)]
+    assert upward == []
+
+
 def test_no_import_cycle(graph):
     state, cycles = {}, []
 
@@ -81,20 +100,32 @@ def test_no_import_cycle(graph):
 
 def test_the_graph_sees_real_imports(graph):
     """The checks above can fail: the parser finds the imports that are there."""
-    assert "gluon_gpu.core.parallel" in graph["gluon_gpu.programs.run"]
-    assert "gluon_gpu.core.members" in graph["gluon_gpu.models.member_stack"]
-    assert layer("gluon_gpu.models.zoo") > layer("gluon_gpu.core.devices")
+    assert "gluon_gpu.core.step.parallel" in graph["gluon_gpu.programs.run"]
+    assert "gluon_gpu.core.step.members" in graph["gluon_gpu.models.member_stack"]
+    assert layer("gluon_gpu.models.zoo") > layer("gluon_gpu.core.platform.devices")
 
 
-def test_the_data_parallel_step_reads_whole():
-    with open(os.path.join(PACKAGE, "core", "parallel.py")) as f:
-        assert len(f.read().splitlines()) <= 200
+FUNCTION_LINES = 40  # the longest a function may be, docstring included: one screen, read whole
+
+
+def test_every_function_reads_whole():
+    long = [f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for name, path in modules().items() for node in ast.walk(ast.parse(open(path).read()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > FUNCTION_LINES]
+    assert long == []
+
+
+def test_the_replicated_step_knows_no_members_placement():
+    """The replicated strategy reads alone: no branch for members on their own devices."""
+    text = open(os.path.join(PACKAGE, "core", "step", "replicated.py")).read()
+    assert "placed" not in text.lower() and "owner" not in text and "PlacedMembers" not in text
 
 
 def test_core_meets_member_groups_only_through_their_interface():
     """core calls the models layer's ensembles through members.PlacedMembers, never by
     duck-typing their attributes."""
-    for name in os.listdir(os.path.join(PACKAGE, "core")):
-        if name.endswith(".py"):
-            text = open(os.path.join(PACKAGE, "core", name)).read()
+    for name, path in modules().items():
+        if name.startswith("gluon_gpu.core."):
+            text = open(path).read()
             assert "places_itself" not in text and "getattr(net, \"groups\"" not in text, name

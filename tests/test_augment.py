@@ -9,7 +9,7 @@ import pytest
 from mxnet import nd
 
 from gluon_gpu import DataParallel
-from gluon_gpu.core.errors import UserError
+from gluon_gpu.core.platform.errors import UserError
 from gluon_gpu.data import DevicePipeline, LoaderPipeline
 from gluon_gpu.data.augment import COMPONENTS, Augment, describe, draw_table, parse_augment
 from gluon_gpu.models import init_model

@@ -260,7 +260,7 @@ def test_bad_environment_variables_are_one_line_before_mxnet_starts(variable, va
 
 
 def test_every_whole_number_variable_is_checked_at_its_bounds():
-    from gluon_gpu.core import environment
+    from gluon_gpu.core.platform import environment
     for name, (low, high, _) in environment.whole_numbers().items():
         for good in (low, high):
             assert environment.problem({name: str(good)}) is None, name
@@ -270,7 +270,7 @@ def test_every_whole_number_variable_is_checked_at_its_bounds():
 
 
 def test_a_library_user_gets_the_same_reason_as_an_exception():
-    from gluon_gpu.core import environment
+    from gluon_gpu.core.platform import environment
     assert environment.problem({"OMP_NUM_THREADS": "abc"}).startswith("OMP_NUM_THREADS='abc': must be a whole")
     assert environment.problem({"OMP_NUM_THREADS": "2", "MXNET_ENGINE_TYPE": "NaiveEngine"}) is None
 
@@ -282,7 +282,7 @@ import gluon_gpu
 print("mxnet" in sys.modules, dict(os.environ) == before)
 try:
     gluon_gpu.DataParallel
-except gluon_gpu.core.errors.UserError as e:
+except gluon_gpu.core.platform.errors.UserError as e:
     print("UserError:", e)
 """
 

@@ -6,10 +6,10 @@ import os
 import mxnet as mx
 import pytest
 
-from gluon_gpu.core.devices import cpu_contexts, thread_settings
-from gluon_gpu.core.environment import usable_cpus
-from gluon_gpu.core.precision import BF16_CPU_FLAGS, cpu_flags
-from gluon_gpu.programs import bench
+from gluon_gpu.core.platform.devices import cpu_contexts, thread_settings
+from gluon_gpu.core.platform.environment import usable_cpus
+from gluon_gpu.core.step.precision import BF16_CPU_FLAGS, cpu_flags
+from gluon_gpu.programs.bench import program as bench
 
 from conftest import needs_bf16, trained_run
 
@@ -248,7 +248,7 @@ def test_time_to_accuracy_against_the_baseline_loop_with_the_same_recipe(tmp_pat
 
 def test_the_baseline_loop_augments_as_gluoncv_and_refuses_what_it_cannot():
     from mxnet import nd
-    from gluon_gpu.core.errors import UserError
+    from gluon_gpu.core.platform.errors import UserError
     from gluon_gpu.data.augment import parse_augment
     from gluon_gpu.programs.tutorial_loop import host_transforms
     image = nd.array(mx.nd.arange(28 * 28).reshape(28, 28, 1), dtype="uint8")

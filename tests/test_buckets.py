@@ -7,7 +7,7 @@ from mxnet import nd
 
 from gluon_gpu import DataParallel, get_model
 from gluon_gpu.data import DevicePipeline
-from gluon_gpu.core.errors import UserError
+from gluon_gpu.core.platform.errors import UserError
 from gluon_gpu.models import SeededXavier, init_model
 
 from conftest import fashion_transform, param_arrays

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gluon_gpu.programs import train
-from gluon_gpu.core.checkpoint import latest_checkpoint
+from gluon_gpu.core.state.checkpoint import latest_checkpoint
 
 from conftest import read_metrics, trained_run, with_flags
 from failure_table import table_exit

@@ -9,7 +9,7 @@ from gluon_gpu.data import fashion_mnist as data
 from gluon_gpu.data import DevicePipeline, epoch_order, pipelines
 
 from conftest import fashion_transform, write_idx
-from gluon_gpu.core.errors import DataError
+from gluon_gpu.core.platform.errors import DataError
 
 
 def make_split(directory, split, n, seed=0):

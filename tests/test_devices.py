@@ -8,15 +8,15 @@ import mxnet as mx
 import pytest
 
 import gluon_gpu
-from gluon_gpu.core.cgroups import cpu_quota
-from gluon_gpu.core.errors import DeviceError, UserError
+from gluon_gpu.core.platform.cgroups import cpu_quota
+from gluon_gpu.core.platform.errors import DeviceError, UserError
 
 from cgroup_caps import run_with_cpu_quota
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The package exports the context manager as gluon_gpu.devices, shadowing the module name.
-dev = importlib.import_module("gluon_gpu.core.devices")
+dev = importlib.import_module("gluon_gpu.core.platform.devices")
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_all_without_gpus_is_a_cpu_context_per_thread_group_filling_the_cores(gp
 def test_all_fills_the_cpus_the_process_may_use_not_the_machine_s():
     """A container's cpuset or taskset limits the CPUs: os.cpu_count() still counts the
     machine's, so `all` (and the OpenMP default) go by the affinity mask."""
-    probe = ("from gluon_gpu.core.devices import parse_devices, thread_settings; "
+    probe = ("from gluon_gpu.core.platform.devices import parse_devices, thread_settings; "
              "print(parse_devices('all'), thread_settings()['omp_threads'])")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     done = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", probe], capture_output=True, text=True,
@@ -86,7 +86,7 @@ def test_a_cpu_quota_sets_the_cpu_contexts_and_openmp_threads(tmp_path):
     """A cgroup CPU quota of one CPU on this machine of two: `all` is one context, and
     OpenMP gets the quota's threads, set before MXNet starts, in a script through
     gluon_gpu's API and in the programs (the plan line); without the quota, both CPUs."""
-    probe = ("import os, gluon_gpu; from gluon_gpu.core.environment import usable_cpus; "
+    probe = ("import os, gluon_gpu; from gluon_gpu.core.platform.environment import usable_cpus; "
              "print(gluon_gpu.parse_devices('all'), os.environ.get('OMP_NUM_THREADS'), usable_cpus())")
     env = {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "PYTHONPATH": REPO}
     if len(os.sched_getaffinity(0)) != 2:

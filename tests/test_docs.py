@@ -134,7 +134,7 @@ def test_no_generated_page_is_older_than_this_minor_version():
     """Each page scripts/pages.py makes names the version that made it in its stamp;
     ``make pages`` regenerates them all."""
     from pages import PAGES as GENERATED
-    from gluon_gpu.core.version import __version__
+    from gluon_gpu.core.state.version import __version__
     minor = tuple(int(v) for v in __version__.split(".")[:2])
     stale = {}
     for script, page in GENERATED.values():

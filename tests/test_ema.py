@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from gluon_gpu import DataParallel
-from gluon_gpu.core.early_stopping import BestParams, Monitor
-from gluon_gpu.core.ema import WeightAverage
-from gluon_gpu.core.params import read_parameter_file
+from gluon_gpu.core.loop.early_stopping import BestParams, Monitor
+from gluon_gpu.core.loop.ema import WeightAverage
+from gluon_gpu.core.step.params import read_parameter_file
 from gluon_gpu.data import DevicePipeline
 from gluon_gpu.models import init_model
 from gluon_gpu.programs import evaluate, train

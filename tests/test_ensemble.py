@@ -15,7 +15,7 @@ from mxnet import gluon, nd, npx
 from mxnet.gluon import nn
 
 from gluon_gpu import DataParallel, ensemble, load_model
-from gluon_gpu.core.loop import train_epoch
+from gluon_gpu.core.loop.fit import train_epoch
 from gluon_gpu.programs import evaluate, predict, train
 from gluon_gpu.programs.config import RunConfig
 from gluon_gpu.programs.run import optimizer_params
@@ -25,8 +25,9 @@ from gluon_gpu.models.fused_conv import is_fused
 from gluon_gpu.models.fused_members import FusedMembers
 from gluon_gpu.models.member_stack import MemberStack, pipeline_layout
 from gluon_gpu.models import init_model
-from gluon_gpu.core import devices as devices_module
-from gluon_gpu.core.devices import cpu_contexts
+from gluon_gpu.core.platform import devices as devices_module
+from gluon_gpu.core.platform.devices import cpu_contexts
+from gluon_gpu.core.step.members import member_count
 from gluon_gpu.models.init import ensemble_engine_workers, ensemble_layout
 
 from conftest import fashion_transform, param_arrays, read_metrics, with_flags
@@ -37,7 +38,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def train_epochs(net, ctx, pipeline, optimizer, params, epochs=1, **options):
     """``epochs`` whole epochs of ``pipeline`` through DataParallel and the epoch loop;
     the last epoch's train figures."""
-    dp = DataParallel(net, ctx, optimizer, dict(params), transform=fashion_transform(getattr(net, "members", 1)),
+    dp = DataParallel(net, ctx, optimizer, dict(params), transform=fashion_transform(member_count(net)),
                       **options)
     return [train_epoch(dp, pipeline, e) for e in range(epochs)][-1]
 
@@ -183,8 +184,8 @@ def test_optimizer_state_follows_each_member_whatever_gluon_named_it(tmp_path, t
     counters: members named ..9_, ..10_, ..11_ sort otherwise than ..5_, ..6_, ..7_. The
     momentum one stack saved goes to the same members of a stack named otherwise."""
     from mxnet.gluon import nn
-    from gluon_gpu.core.checkpoint import load_checkpoint, save_checkpoint
-    from gluon_gpu.core.optimizer_state import parameter_keys
+    from gluon_gpu.core.state.checkpoint import load_checkpoint, save_checkpoint
+    from gluon_gpu.core.state.optimizer_state import parameter_keys
     ctx, (x, y) = [mx.cpu(0)], (train_slice[0][:256], train_slice[1][:256])
 
     def stack():
@@ -351,7 +352,7 @@ def test_evaluate_and_predict_understand_ensemble_runs(ensemble_run, tmp_path, c
     alone.write_bytes(open(params, "rb").read())
     assert evaluate.main(["--params", str(alone)]) == 2
     assert "cannot load" in capsys.readouterr().err
-    from gluon_gpu.core.errors import ParamsError
+    from gluon_gpu.core.platform.errors import ParamsError
     with pytest.raises(ParamsError, match="ensemble of 2"):
         load_model(params, members=2)
 
@@ -583,7 +584,7 @@ def _layer_norm_net():
     (_Concat, "its forward mixes the members' channels"),
 ])
 def test_a_network_the_fused_layout_cannot_express_is_refused_in_one_line(make_net, message):
-    from gluon_gpu.core.errors import UserError
+    from gluon_gpu.core.platform.errors import UserError
     with pytest.raises(UserError, match=re.escape(message)):
         ensemble(make_net, 2, [mx.cpu()], layout="fused")
 

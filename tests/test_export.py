@@ -16,8 +16,8 @@ from mxnet import gluon
 from conftest import trained_run
 from failure_table import table_exit
 from gluon_gpu.data.fashion_mnist import fashion_spec, load_split
-from gluon_gpu.core.files import RunLock
-from gluon_gpu.core.params import read_parameter_file
+from gluon_gpu.core.platform.files import RunLock
+from gluon_gpu.core.step.params import read_parameter_file
 from gluon_gpu.models import load_model, loading, zoo
 from gluon_gpu.models.export import TOLERANCE, CheckFailed, check_outputs
 from gluon_gpu.programs import export

@@ -11,10 +11,10 @@ from mxnet import autograd, nd
 from gluon_gpu.models import fused_conv
 from gluon_gpu.programs import train
 from gluon_gpu.data import DevicePipeline
-from gluon_gpu.core.errors import UserError
+from gluon_gpu.core.platform.errors import UserError
 from gluon_gpu.models import init_model, load_model
-from gluon_gpu.core.parallel import DataParallel
-from gluon_gpu.core.params import save_parameters
+from gluon_gpu.core.step.parallel import DataParallel
+from gluon_gpu.core.step.params import save_parameters
 from conftest import fashion_transform, param_arrays, read_metrics
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import trained_run
-from gluon_gpu.core.environment import usable_cpus
-from gluon_gpu.core.errors import UserError
+from gluon_gpu.core.platform.environment import usable_cpus
+from gluon_gpu.core.platform.errors import UserError
 from gluon_gpu.data.fashion_mnist import fashion_spec
 from gluon_gpu.models.inference import inference_mode, inference_model
 from gluon_gpu.programs import evaluate, predict

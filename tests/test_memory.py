@@ -9,8 +9,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_gpu.core.errors import UserError
-from gluon_gpu.core.memory import cgroup_free, check_fits
+from gluon_gpu.core.platform.errors import UserError
+from gluon_gpu.core.platform.memory import cgroup_free, check_fits
 from gluon_gpu.models import get_model
 from gluon_gpu.models.footprint import footprint, training_bytes
 from gluon_gpu.programs import train
@@ -57,7 +57,7 @@ def test_the_tightest_cgroup_limit_of_the_process_and_its_ancestors_counts(tmp_p
 
 
 def test_sizes_read_in_the_unit_that_fits():
-    from gluon_gpu.core.memory import size_text
+    from gluon_gpu.core.platform.memory import size_text
     assert [size_text(n) for n in (512, 40 * 2 ** 10, 53 * 2 ** 20, 3 * 2 ** 30 // 2)] == \
         ["512 bytes", "40 KiB", "53 MiB", "1.5 GiB"]
 
@@ -81,7 +81,7 @@ def test_the_estimate_counts_the_parameters_and_at_least_every_layer_s_output(mo
     net = get_model(model)
     net.initialize()
     outputs = []
-    from gluon_gpu.core.walk import leaves
+    from gluon_gpu.core.platform.walk import leaves
     for layer in leaves(net):
         layer.register_forward_hook(  # called on symbols too while shapes are inferred: not counted
             lambda _b, _i, out: isinstance(out, mx.nd.NDArray) and outputs.append(out.size))

@@ -7,9 +7,9 @@ import pytest
 from mxnet import gluon, nd
 
 from gluon_gpu import DataParallel
-from gluon_gpu.core.graph import make_step_graph
-from gluon_gpu.core.heads import Classification
-from gluon_gpu.core.precision import precision_for
+from gluon_gpu.core.step.graph import make_step_graph
+from gluon_gpu.core.step.heads import Classification
+from gluon_gpu.core.step.precision import precision_for
 from gluon_gpu.data import DevicePipeline, LoaderPipeline
 from gluon_gpu.data.mixing import Mixing
 from gluon_gpu.models import init_model
@@ -115,7 +115,7 @@ def test_mixed_training_on_two_devices_matches_one_device(train_slice):
 
 
 def test_mixing_is_refused_for_regression():
-    from gluon_gpu.core.errors import UserError
+    from gluon_gpu.core.platform.errors import UserError
     from gluon_gpu.data import DataSpec
     from gluon_gpu.data.mixing import make_mixing
     spec = DataSpec("npz", "regress", (1, 8, 8), 1, [0.0], [1.0], "float32")

@@ -6,13 +6,13 @@ import pytest
 from mxnet import nd, npx
 
 from gluon_gpu import Classification, DataParallel, get_model
-from gluon_gpu.core.modes import forward_zeros, semantics
+from gluon_gpu.core.step.array_api import forward_zeros, semantics
 from gluon_gpu.data import DevicePipeline
-from gluon_gpu.core.errors import UserError
+from gluon_gpu.core.platform.errors import UserError
 from gluon_gpu.models import init_model
-from gluon_gpu.core import precision
-from gluon_gpu.core.kvstores import check_options
-from gluon_gpu.core.precision import check_precision, precision_for
+from gluon_gpu.core.step import precision
+from gluon_gpu.core.step.kvstores import check_options
+from gluon_gpu.core.step.precision import check_precision, precision_for
 
 from conftest import fashion_transform, param_arrays
 
@@ -212,7 +212,7 @@ def test_bfloat16_needs_the_cpu_instructions(monkeypatch):
 
 
 def test_a_loop_that_never_reads_holds_a_bounded_number_of_steps(train_slice, monkeypatch):
-    import gluon_gpu.core.metrics as metrics
+    import gluon_gpu.core.step.metrics as metrics
     monkeypatch.setattr(metrics, "MAX_PENDING", 3)
     dp = make_dp([mx.cpu(0)])
     batches = host_batches(train_slice, [32] * 7)

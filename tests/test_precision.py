@@ -12,10 +12,11 @@ import pytest
 from mxnet import gluon, npx
 
 from gluon_gpu import DataParallel
-from gluon_gpu.core import precision
-from gluon_gpu.core.precision import BFLOAT16_MEASURED, bfloat16_warning
-from gluon_gpu.core.errors import UserError
-from gluon_gpu.programs import bench, train
+from gluon_gpu.core.step import precision
+from gluon_gpu.core.step.precision import BFLOAT16_MEASURED, bfloat16_warning
+from gluon_gpu.core.platform.errors import UserError
+from gluon_gpu.programs import train
+from gluon_gpu.programs.bench import program as bench
 
 from conftest import needs_bf16, read_metrics
 

@@ -123,7 +123,8 @@ def test_every_help_shows_its_defaults(program):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: python -m gluon_gpu.{program} ")  # named as invoked
     assert "``" not in proc.stdout  # docstring markup is not shown raw
-    parser = __import__(f"gluon_gpu.programs.{program}", fromlist=["build_parser"]).build_parser()
+    module = {"bench": "bench.program"}.get(program, program)  # the bench programs are one package
+    parser = __import__(f"gluon_gpu.programs.{module}", fromlist=["build_parser"]).build_parser()
     with_default = [a for a in parser._actions if a.option_strings and a.default not in (None, False, "==SUPPRESS==")
                     and a.default is not False]
     assert with_default
@@ -173,7 +174,7 @@ def test_the_installed_console_scripts_run():
 
 
 def test_an_ensemble_epoch_line_says_what_its_spread_is():
-    from gluon_gpu.core.callbacks import format_epoch
+    from gluon_gpu.core.loop.callbacks import format_epoch
     record = {"epoch": 1, "train_loss": 0.5, "train_acc": 0.8, "train_top5": 0.99, "val_loss": 0.4,
               "member_val_loss": [0.5, 0.4, 0.6], "val_acc": 0.85, "member_val_acc": [0.8, 0.84, 0.82],
               "val_top5": 0.99, "member_val_top5": [0.98, 0.99, 0.97], "seconds": 1.0, "samples_per_s": 100.0}
@@ -184,7 +185,7 @@ def test_an_ensemble_epoch_line_says_what_its_spread_is():
 
 
 def test_a_run_that_learns_nothing_says_so_once_and_metrics_json_keeps_it():
-    from gluon_gpu.core.callbacks import GuessingWatch
+    from gluon_gpu.core.loop.callbacks import GuessingWatch
     said, history = [], []
     watch = GuessingWatch(3, 0.1, lambda line, stream=None: said.append(line))
     for epoch, loss in enumerate([1.0990, 1.0979, 1.0986, 1.0986], 1):  # ln 3 = 1.0986: guessing

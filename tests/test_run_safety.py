@@ -12,7 +12,7 @@ import tempfile
 import mxnet as mx
 import pytest
 
-from gluon_gpu.core.checkpoint import complete_checkpoints
+from gluon_gpu.core.state.checkpoint import complete_checkpoints
 from gluon_gpu.programs import train
 
 from test_checkpoints import REPO, SMALL, assert_same_run, start, wait_for, checkpoint_names
@@ -138,8 +138,8 @@ def test_default_run_names_are_unique_within_a_second(tmp_path):
 
 def test_the_run_lock_refuses_a_second_holder_and_is_free_after(tmp_path):
     """Two writers that both passed the 'no run here yet' check: the lock decides."""
-    from gluon_gpu.core.errors import UserError
-    from gluon_gpu.core.files import RunLock
+    from gluon_gpu.core.platform.errors import UserError
+    from gluon_gpu.core.platform.files import RunLock
     with RunLock(str(tmp_path)):
         with pytest.raises(UserError, match=f"in use by process {os.getpid()}"):
             with RunLock(str(tmp_path)):
@@ -152,8 +152,8 @@ def test_the_run_lock_refuses_a_second_holder_and_is_free_after(tmp_path):
 def test_a_writer_that_opened_a_lock_file_removed_meanwhile_locks_the_new_one(tmp_path, monkeypatch):
     """The file a holder removes at its exit may have been opened by the next writer
     already: that writer must not hold a lock nobody else can see."""
-    from gluon_gpu.core import files
-    from gluon_gpu.core.errors import UserError
+    from gluon_gpu.core.platform import files
+    from gluon_gpu.core.platform.errors import UserError
     opened = []
     real_open = os.open
 

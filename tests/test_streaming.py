@@ -78,7 +78,7 @@ def test_a_folder_packed_to_recordio_trains_exactly_as_the_folder(runs, fashion_
     assert pack.main([fashion_folder, packed, "--num-workers", "2"]) == 0
     said = capsys.readouterr().out
     assert "packed 1536 training and 512 validation images" in said and sys.executable in said
-    from gluon_gpu.core.memory import size_text
+    from gluon_gpu.core.platform.memory import size_text
     written = sum(os.path.getsize(os.path.join(packed, f"{split}.rec")) for split in ("train", "val"))
     assert f"into {packed}: {size_text(written)};" in said and " 0.0 MiB" not in said
     with open(os.path.join(packed, "meta.json")) as f:

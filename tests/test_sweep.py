@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from gluon_gpu import load_model
-from gluon_gpu.core.loop import fit
-from gluon_gpu.core.pruning import Pruning
+from gluon_gpu.core.loop.fit import fit
+from gluon_gpu.core.loop.pruning import Pruning
 from gluon_gpu.data import LoaderPipeline, load_dataset
 from gluon_gpu.programs import evaluate, predict, train
 from gluon_gpu.programs.config import RunConfig

@@ -256,7 +256,7 @@ def test_an_exploding_loss_is_a_divergence_not_a_finish(tmp_path, capsys):
 def test_a_non_finite_validation_figure_is_a_divergence(tmp_path, capsys, monkeypatch):
     """A NaN validation loss after epoch 2 (a train loss that stayed finite) stops the run
     as diverged; epoch 1's parameters are kept in net.params."""
-    from gluon_gpu.core import loop
+    from gluon_gpu.core.loop import fit as loop
     validate, calls = loop.validate, []
 
     def nan_from_the_second(dp, pipeline):

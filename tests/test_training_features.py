@@ -324,7 +324,7 @@ def test_logs_of_a_resumed_run_are_those_of_a_straight_one(tmp_path):
 def test_label_smoothing_is_the_smoothed_cross_entropy_in_training_only():
     """The training loss is cross-entropy against 1-EPS+EPS/K on the class and EPS/K on
     each class; evaluation's loss and every metric keep the labels as they are."""
-    from gluon_gpu.core.heads import Classification, head_for
+    from gluon_gpu.core.step.heads import Classification, head_for
     rng = np.random.default_rng(0)
     logits, labels = rng.normal(0, 3, (6, 10)).astype(np.float32), np.array([0, 3, 9, 1, 1, 5], np.float32)
     head, plain = Classification(10, label_smoothing=0.1), Classification(10)
@@ -360,7 +360,7 @@ def test_no_wd_takes_biases_and_batchnorm_out_of_weight_decay(tmp_path):
     """--no-wd: the optimizer decays ResNet-20's convolution and dense weights by --wd,
     and its biases, BatchNorm gammas and betas not at all."""
     from gluon_gpu.programs.run import build_run
-    from gluon_gpu.core.devices import parse_devices
+    from gluon_gpu.core.platform.devices import parse_devices
     config = RunConfig(model="cifar_resnet20_v1", devices="cpu", limit=64, val_limit=64, wd=1e-4, no_wd=True,
                        out=str(tmp_path / "r"))
     trainer = build_run(config, parse_devices("cpu")).dp.trainer

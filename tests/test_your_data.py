@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gluon_gpu.core.parallel import DataParallel
+from gluon_gpu.core.step.parallel import DataParallel
 from gluon_gpu.data import sources
 from gluon_gpu.models import init_model
 from gluon_gpu.programs import evaluate, predict, train

@@ -2,15 +2,15 @@
 Gluon datasets), what a run records of them (:class:`DataSpec`), and the input pipelines."""
 from collections import namedtuple
 
-from ..core.errors import DataError
+from ..core.platform.errors import DataError
 from .arrays import Dataset, from_arrays, from_gluon, read_npz
-from .fashion_mnist import read_fashion_mnist
-from .folders import read_folder
-from .recordio import read_rec
 from .batch_order import epoch_order
 from .device_pipeline import DevicePipeline
+from .fashion_mnist import read_fashion_mnist
+from .folders import read_folder
 from .loader_pipeline import LoaderPipeline
 from .pipelines import PIPELINES, make_pipeline
+from .recordio import read_rec
 from .spec import DataSpec
 
 DatasetKind = namedtuple("DatasetKind", "read what")

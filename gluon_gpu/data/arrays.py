@@ -5,9 +5,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..core.errors import DataError
-from ..core.heads import TASKS
-from ..core.memory import check_fits
+from ..core.platform.errors import DataError
+from ..core.platform.memory import check_fits
+from ..core.step.heads import TASKS
 from .spec import DataSpec, channel_stats, input_scale
 
 NPZ_ARRAYS = ("x_train", "y_train", "x_val", "y_val")  # what an npz dataset holds
@@ -75,25 +75,10 @@ def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=No
         if not integer:
             raise DataError(f"task classify needs integer labels; these are {y_train.dtype} "
                             "(use `task` regress for real-valued targets)")
-        if y_train.ndim != 1 or y_val.ndim != 1:
-            raise DataError("classification labels must be one integer per sample")
-        count = len(classes) if classes else int(y_train.max()) + 1  # the classes are the training labels
-        if count > MAX_CLASSES:
-            raise DataError(f"y_train's largest label is {count - 1}: labels are classes 0..K-1, and K is at most "
-                            f"{MAX_CLASSES} here (the class table and the output layer grow with K)")
-        for y, split in ((y_train, "y_train"), (y_val, "y_val")):
-            if y.min() < 0 or y.max() >= count:
-                raise DataError(f"{split} holds label {y.min() if y.min() < 0 else y.max()}, outside "
-                                f"0..{count - 1}")
-        classes = [str(c) for c in classes] if classes else [str(c) for c in range(count)]
-        outputs = count
+        classes = _classes(y_train, y_val, classes)
+        outputs = len(classes)
     else:
-        if y_train.ndim > 2 or y_train.shape[1:] != y_val.shape[1:]:
-            raise DataError(f"regression targets must be (N,) or (N, T) alike in both splits, got "
-                            f"{y_train.shape} and {y_val.shape}")
-        if not (np.isfinite(y_train).all() and np.isfinite(y_val).all()):
-            raise DataError("regression targets hold NaN or infinite values")
-        classes, outputs = None, int(np.prod(y_train.shape[1:]))
+        classes, outputs = None, _regression_outputs(y_train, y_val)
     if mean is None or std is None:
         mean, std = channel_stats(x_train, input_scale(dtype))
     spec = DataSpec(dataset=dataset, task=task, input_shape=tuple(int(d) for d in x_train.shape[1:]),
@@ -102,6 +87,31 @@ def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=No
                     samples=len(x_train))
     targets = (lambda y: y.astype(np.int32)) if task == "classify" else (lambda y: y.astype(np.float32))
     return Dataset(x_train, targets(y_train), x_val, targets(y_val), spec)
+
+
+def _classes(y_train, y_val, classes):
+    """The class names of integer labels (given, or the label numbers), the labels checked."""
+    if y_train.ndim != 1 or y_val.ndim != 1:
+        raise DataError("classification labels must be one integer per sample")
+    count = len(classes) if classes else int(y_train.max()) + 1  # the classes are the training labels
+    if count > MAX_CLASSES:
+        raise DataError(f"y_train's largest label is {count - 1}: labels are classes 0..K-1, and K is at most "
+                        f"{MAX_CLASSES} here (the class table and the output layer grow with K)")
+    for y, split in ((y_train, "y_train"), (y_val, "y_val")):
+        if y.min() < 0 or y.max() >= count:
+            raise DataError(f"{split} holds label {y.min() if y.min() < 0 else y.max()}, outside "
+                            f"0..{count - 1}")
+    return [str(c) for c in classes] if classes else [str(c) for c in range(count)]
+
+
+def _regression_outputs(y_train, y_val):
+    """The outputs of regression targets, checked."""
+    if y_train.ndim > 2 or y_train.shape[1:] != y_val.shape[1:]:
+        raise DataError(f"regression targets must be (N,) or (N, T) alike in both splits, got "
+                        f"{y_train.shape} and {y_val.shape}")
+    if not (np.isfinite(y_train).all() and np.isfinite(y_val).all()):
+        raise DataError("regression targets hold NaN or infinite values")
+    return int(np.prod(y_train.shape[1:]))
 
 
 def _targets(y, name):

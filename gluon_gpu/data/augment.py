@@ -21,7 +21,7 @@ from collections import namedtuple
 import numpy as np
 from mxnet import gluon
 
-from ..core.errors import UserError
+from ..core.platform.errors import UserError
 
 Component = namedtuple("Component", "default check draws what")
 # name -> its parameter's default, validity, uniform draws per sample, and help. Applied in

@@ -3,7 +3,7 @@ functions of (seed, epoch) alone, so every pipeline, every worker and a resumed 
 see the same batches without saved random state; and which members share them."""
 import numpy as np
 
-from ..core.errors import UserError
+from ..core.platform.errors import UserError
 
 
 def epoch_order(n, seed, epoch, shuffle=True):

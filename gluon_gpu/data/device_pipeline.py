@@ -17,9 +17,9 @@ loader_pipeline.py yields the same batches from Gluon's DataLoader.
 import numpy as np
 from mxnet import nd
 
-from ..core.devices import shard_bounds
-from ..core.errors import UserError
-from ..core.memory import check_fits
+from ..core.platform.devices import shard_bounds
+from ..core.platform.errors import UserError
+from ..core.platform.memory import check_fits
 from .batch_order import epoch_order, member_seeds, shared_batches, whole_global_batches
 
 MIXED_MEMBERS_AUGMENTED = ("`augment` with `mixup` or `cutmix` applies to one network; not yet to an `ensemble` or a "
@@ -92,13 +92,7 @@ class DevicePipeline:
             turn, batch = divmod(position, per_turn)
             lo = min(batch * step + self.rank * self.batch_size, self.n)
             hi = min(lo + self.batch_size, self.n)
-            if self.member_groups:
-                shards = [on_device[c][lo:hi, slice(*self._columns(first, count))]
-                          if self.turns == 1 or g == turn else None
-                          for g, ((first, count), c) in enumerate(zip(self.member_groups, self.ctx))]
-            else:
-                shards = [on_device[c][lo + a:lo + b]
-                          for (a, b), c in zip(shard_bounds(hi - lo, len(self.ctx)), self.ctx)]
+            shards = self._shards(on_device, lo, hi, turn)
             rows = [None if i is None else self._table_rows(i, g) for g, i in enumerate(shards)] if partners else None
             taken = [None if i is None else nd.stack(i, partners[c][0].take(r), axis=-1)
                      for c, i, r in zip(self.ctx, shards, rows)] if partners else shards  # (sample, partner) pairs
@@ -110,6 +104,14 @@ class DevicePipeline:
                 yield batch + (augs, [None if r is None else partners[c][1].take(r) for c, r in zip(self.ctx, rows)])
             else:
                 yield batch + (augs,) if augs else batch
+
+    def _shards(self, on_device, lo, hi, turn):
+        """Each device's indices of samples ``lo:hi`` (member groups: its members' columns
+        of them, None for a group not in ``turn``)."""
+        if self.member_groups:
+            return [on_device[c][lo:hi, slice(*self._columns(first, count))] if self.turns == 1 or g == turn else None
+                    for g, ((first, count), c) in enumerate(zip(self.member_groups, self.ctx))]
+        return [on_device[c][lo + a:lo + b] for (a, b), c in zip(shard_bounds(hi - lo, len(self.ctx)), self.ctx)]
 
     def _augment_tables(self, total, epoch):
         """``({device: the epoch's augmentation parameters}, own)`` ({} without

@@ -11,7 +11,7 @@ import struct
 import numpy as np
 from mxnet import gluon
 
-from ..core.errors import DataError
+from ..core.platform.errors import DataError
 from .arrays import from_arrays
 from .spec import DataSpec
 

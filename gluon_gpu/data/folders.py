@@ -5,7 +5,7 @@ by the loader's workers when it streams them."""
 import os
 from collections import namedtuple
 
-from ..core.errors import DataError
+from ..core.platform.errors import DataError
 from .images import GRAY_MODES, open_image, parse_image_size
 from .sources import FolderSource, from_sources
 

@@ -4,7 +4,7 @@ import warnings
 
 import numpy as np
 
-from ..core.errors import DataError
+from ..core.platform.errors import DataError
 
 MAX_PIXELS = 40_000_000  # checked from the header, before decoding (a 20000x20000 PNG is 400M)
 MIN_SIDE = 8             # below this an image carries too little to learn or classify

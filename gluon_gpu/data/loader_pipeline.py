@@ -12,8 +12,8 @@ from mxnet import gluon, nd
 from mxnet.gluon.data.dataloader import _worker_initializer, default_mp_batchify_fn
 from mxnet.util import is_np_array, is_np_shape
 
-from ..core.errors import ProcessDied
-from ..core.pools import PoolWatch
+from ..core.platform.errors import ProcessDied
+from ..core.platform.pools import PoolWatch
 from .batch_order import epoch_order, whole_global_batches
 
 
@@ -93,7 +93,7 @@ class LoaderPipeline:
 
 class WatchedLoader(gluon.data.DataLoader):
     """A DataLoader whose iteration raises ProcessDied at the batch after a worker's
-    death, or within a fraction of a second while it waits for one (core/pools.py),
+    death, or within a fraction of a second while it waits for one (core/platform/pools.py),
     instead of stalling 120 s into a traceback, or hanging when its pool, ended, waits
     for the dead worker. Its pool is made as Gluon makes it (``_worker_initializer``,
     ``default_mp_batchify_fn``, SIGINT ignored by the workers), but watched from its

@@ -17,7 +17,7 @@ axis, ``(n, 2, C, H, W)``, and its labels ``(n, 2)``.
 import numpy as np
 from mxnet import gluon
 
-from ..core.errors import UserError
+from ..core.platform.errors import UserError
 from .augment import box_mask, pixel_indices
 
 MIX_STREAM = 2  # the rng of [seed, epoch, MIX_STREAM]; augment.py draws from stream 1

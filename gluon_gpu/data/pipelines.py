@@ -12,8 +12,8 @@ parameters, normalized by the same in-graph transform.
 import numpy as np
 from mxnet import gluon
 
-from ..core.errors import UserError
-from ..core.memory import available_bytes, size_text, shortfall
+from ..core.platform.errors import UserError
+from ..core.platform.memory import available_bytes, size_text, shortfall
 from .batch_order import member_seeds, shared_batches
 from .device_pipeline import DevicePipeline, device_copy_bytes
 from .loader_pipeline import LoaderPipeline

@@ -11,9 +11,9 @@ import struct
 
 import numpy as np
 
-from ..core.errors import DataError
-from ..core.files import fsync_path
-from ..core.pools import PoolWatch
+from ..core.platform.errors import DataError
+from ..core.platform.files import fsync_path
+from ..core.platform.pools import PoolWatch
 from .images import decode, open_image, parse_image_size
 from .sources import ImageSource, from_sources
 

@@ -13,8 +13,8 @@ whichever pipeline runs, so a streamed and an in-memory run of one folder train 
 import numpy as np
 from mxnet import gluon
 
-from ..core.errors import DataError
-from ..core.memory import check_fits
+from ..core.platform.errors import DataError
+from ..core.platform.memory import check_fits
 from .arrays import Dataset
 from .images import decode
 from .loader_pipeline import WatchedLoader

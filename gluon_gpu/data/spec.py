@@ -6,7 +6,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 from mxnet import gluon
 
-from ..core.errors import DataError
+from ..core.platform.errors import DataError
 
 
 @dataclass

@@ -16,9 +16,9 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from ..core.errors import UserError
-from ..core.params import last_line
-from ..core.version import __version__
+from ..core.platform.errors import UserError
+from ..core.state.version import __version__
+from ..core.step.params import last_line
 
 # mx2onnx (MXNet 1.9.1) translates operators for ONNX opsets 12 and 13 only. It would
 # stamp the file with the newest opset the installed onnx knows, and check its graph

@@ -5,10 +5,10 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon, nd
 
-from ..core.errors import UserError
-from ..core.memory import check_fits, size_text
-from ..core.modes import legacy, model_is_np, semantics, to_api
-from ..core.walk import leaves
+from ..core.platform.errors import UserError
+from ..core.platform.memory import check_fits, size_text
+from ..core.platform.walk import leaves
+from ..core.step.array_api import legacy, model_is_np, semantics, to_api
 
 BYTES = 4  # float32: the training state is float32 whatever --dtype casts the step to
 

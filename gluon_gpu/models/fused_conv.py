@@ -25,10 +25,10 @@ import tempfile
 import mxnet as mx
 from mxnet.gluon import nn
 
-from ..core.environment import cpu_flags
-from ..core.errors import UserError
-from ..core.modes import legacy, to_api
-from ..core.walk import descendants
+from ..core.platform.environment import cpu_flags
+from ..core.platform.errors import UserError
+from ..core.platform.walk import descendants
+from ..core.step.array_api import legacy, to_api
 
 MODES = ("auto", "on", "off")
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "conv_relu_pool.cc")

@@ -11,8 +11,8 @@ Input ``(B, K*C, H, W)`` (member k's image in channels k*C..), output ``(B, K, o
 import mxnet as mx
 from mxnet import gluon, nd
 
-from ..core.members import PlacedMembers
-from ..core.modes import forward_zeros, legacy, model_is_np, to_api
+from ..core.step.array_api import forward_zeros, legacy, model_is_np, to_api
+from ..core.step.members import MemberAxis, PlacedMembers
 from .fused_members import FusedMembers, extract
 from .lenet import conv_stages, lenet
 
@@ -20,7 +20,7 @@ _CONVS = (("0", 6, 5), ("2", 16, 3))          # LeNet child index, channels, ker
 _DENSES = (("4", 120), ("5", 84), ("6", None))  # LeNet child index, units (None: the outputs)
 
 
-class EnsembleLeNet(gluon.HybridBlock):
+class EnsembleLeNet(MemberAxis, gluon.HybridBlock):
     """``fused=True``: each grouped conv -> ReLU -> max-pool runs as the fused CPU operator
     with ``groups=K`` (fused_conv.py), with the same parameters and keys."""
 

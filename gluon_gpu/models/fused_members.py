@@ -18,15 +18,16 @@ stacked on a new axis 0.
 import contextlib
 import io
 
-import numpy as np
 import mxnet as mx
+import numpy as np
 from mxnet import gluon, nd
 from mxnet.gluon import nn
 
-from ..core.errors import UserError
-from ..core.modes import call, forward_zeros, legacy, model_is_np, semantics, to_api
-from ..core.params import assign_parameters, last_line
-from ..core.walk import named_blocks
+from ..core.platform.errors import UserError
+from ..core.platform.walk import named_blocks
+from ..core.step.array_api import call, forward_zeros, legacy, model_is_np, semantics, to_api
+from ..core.step.members import MemberAxis
+from ..core.step.params import assign_parameters, last_line
 from .blocks import replace_blocks
 
 _CONVS = (nn.Conv1D, nn.Conv2D, nn.Conv3D)
@@ -60,7 +61,7 @@ class MemberDense(gluon.HybridBlock):
         return to_api(out, is_np)
 
 
-class FusedMembers(gluon.HybridBlock):
+class FusedMembers(MemberAxis, gluon.HybridBlock):
     """``members`` copies of ``make_net()`` fused (see the module): input ``(B, K*C, ...)``,
     output ``(B, K, outputs)``. Uninitialized; :func:`fuse` fills it from trained members."""
 

@@ -16,9 +16,9 @@ import mxnet as mx
 from mxnet import gluon
 from mxnet.contrib import amp, quantization
 
-from ..core.environment import usable_cpus
-from ..core.errors import UserError
-from ..core.precision import BF16_CPU_FLAGS, cpu_flags
+from ..core.platform.environment import usable_cpus
+from ..core.platform.errors import UserError
+from ..core.step.precision import BF16_CPU_FLAGS, cpu_flags
 from .init import fused_for
 from .servable import servable_model
 

@@ -2,12 +2,12 @@
 whatever the process did before, shapes materialized by one forward pass."""
 import os
 
-import numpy as np
 import mxnet as mx
+import numpy as np
 
-from ..core.devices import THREAD_VARIABLES, cpu_contexts, thread_settings
-from ..core.errors import UserError
-from ..core.modes import forward_zeros, model_is_np, semantics
+from ..core.platform.devices import THREAD_VARIABLES, cpu_contexts, thread_settings
+from ..core.platform.errors import UserError
+from ..core.step.array_api import forward_zeros, model_is_np, semantics
 from .footprint import cannot_take, check_training_memory
 from .member_stack import LAYOUTS, MemberStack, check_memory, member_devices
 from .zoo import get_model
@@ -98,7 +98,7 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
     see MemberStack. Input ``(B, K*C, ...)``, output ``(B, K, outputs)``: train it with
     DataParallel and a pipeline of ``members=K``. ``batch_size``: first check that the
     members fit in memory at that batch size. ``spread=(owners, rank)``: the members are
-    spread over a distributed job's workers (core/spread_members.py), this process's
+    spread over a distributed job's workers (core/step/spread_members.py), this process's
     dealt over ``ctx`` as ``layout`` says, the others (which it holds, never trains) on
     the first device in groups of their own."""
     layout = ensemble_layout(layout, model, ctx)

@@ -5,10 +5,11 @@ import os
 
 import mxnet as mx
 
-from ..core.compat import LAYOUT_BEFORE_0_3, upgrade_config, upgrade_lenet_keys
-from ..core.errors import ParamsError, UserError
-from ..core.modes import forward_zeros
-from ..core.params import assign_parameters, last_line, read_parameter_file
+from ..core.platform.errors import ParamsError, UserError
+from ..core.state.compat import LAYOUT_BEFORE_0_3, upgrade_config, upgrade_lenet_keys
+from ..core.step.array_api import forward_zeros
+from ..core.step.members import member_count
+from ..core.step.params import assign_parameters, last_line, read_parameter_file
 from .fused_lenet import extract_member
 from .init import fused_for
 from .member_stack import MemberStack
@@ -75,7 +76,7 @@ def load_model(path, ctx=None, model=None, members=None, input_shape=None, outpu
     net = _load(path, ctx, model, members, input_shape, outputs, fused_conv, arrays)
     if member is None:
         return net
-    count = getattr(net, "members", 1)
+    count = member_count(net)
     if not 0 <= member < count:
         raise UserError(f"`member` {member}: {path} holds " + (f"members 0 to {count - 1}" if count > 1 else
                                                               "one network, not an ensemble or sweep"))

@@ -27,10 +27,10 @@ from collections import namedtuple
 import mxnet as mx
 from mxnet import gluon, nd
 
-from ..core.memory import check_fits, size_text
-from ..core.graph import skipped_members_unused
-from ..core.members import PlacedMembers
-from ..core.modes import legacy, model_is_np, semantics, to_api
+from ..core.platform.memory import check_fits, size_text
+from ..core.step.array_api import legacy, model_is_np, semantics, to_api
+from ..core.step.graph import skipped_members_unused
+from ..core.step.members import PlacedMembers
 from .footprint import footprint, training_bytes
 
 # The layouts by name (--ensemble-layout), with what they do (the --help text).

@@ -11,7 +11,8 @@ operators alone, so that MXNet's exporters and other runtimes can read it.
 import mxnet as mx
 from mxnet import gluon
 
-from ..core.modes import semantics
+from ..core.step.array_api import semantics
+from ..core.step.members import member_count
 from .fused_lenet import extract_member
 from .loading import load_model
 
@@ -48,7 +49,7 @@ def servable_model(path, spec, model=None, member=None, log=False, arrays=None):
     with semantics(False):
         net = load_model(path, mx.cpu(), model, input_shape=spec.input_shape, outputs=spec.outputs,
                          fused_conv="off", member=member, arrays=arrays)
-        members = getattr(net, "members", 1)
+        members = member_count(net)
         nets = [net] if members == 1 else [extract_member(net, k, input_shape=spec.input_shape)
                                            for k in range(members)]
         transform = spec.transform()

@@ -4,7 +4,7 @@ saved files load into the network without it.
 
 On CPU contexts MXNet's SyncBatchNorm works, with one condition found here: every CPU
 context draws scratch buffers from one shared pool (MXNET_CPU_TEMP_COPY, see
-core/devices.py), and a SyncBatchNorm waiting at its barrier for the other devices holds
+core/platform/devices.py), and a SyncBatchNorm waiting at its barrier for the other devices holds
 its buffer; an operator of another device that needs that same buffer before reaching
 its own SyncBatchNorm then waits forever (seen here: a 2-device Conv-BN-Conv backward hung
 with 4 buffers, ran with 64). Operators run outside the step graphs (updates, metric
@@ -17,8 +17,8 @@ one waits at the barrier (10 runs of 10 finished). Both are set before MXNet sta
 from mxnet import gluon
 from mxnet.gluon.contrib.nn import SyncBatchNorm
 
-from ..core.errors import UserError
-from ..core.modes import model_is_np
+from ..core.platform.errors import UserError
+from ..core.step.array_api import model_is_np
 from .blocks import replace_blocks
 
 CPU_TEMP_COPIES = 1024  # MXNET_CPU_TEMP_COPY for runs with SyncBatchNorm on CPU contexts

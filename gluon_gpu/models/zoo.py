@@ -3,7 +3,7 @@ model zoo (CIFAR-style and ImageNet-style classifiers), built for the data's cha
 (their first convolutions infer it) and output width."""
 from collections import namedtuple
 
-from ..core.errors import UserError
+from ..core.platform.errors import UserError
 from .blocks import use_mean_pooling
 from .lenet import lenet
 from .mlp import mlp

@@ -8,8 +8,8 @@ import re
 import shlex
 import sys
 
-from ..core.errors import ProcessDied, UserError
-from ..core.signals import Stopped
+from ..core.platform.errors import ProcessDied, UserError
+from ..core.platform.signals import Stopped
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -195,8 +195,8 @@ def epoch_list(text):
 
 def thread_count(text):
     """A thread count for MXNet's variables at start: 0 (as set) or up to what
-    core/environment.py accepts of them."""
-    from ..core.environment import whole_numbers
+    core/platform/environment.py accepts of them."""
+    from ..core.platform.environment import whole_numbers
     value = non_negative_int(text)
     _, most, why = whole_numbers()["OMP_NUM_THREADS"]
     if value > most:
@@ -220,7 +220,7 @@ def parse_args(p, argv=None, adjust=None):
     args = p.parse_args(argv)
     if adjust and argv is None:
         adjust(args)
-    from ..core.devices import require_thread_settings
+    from ..core.platform.devices import require_thread_settings
     require_thread_settings(args.omp_threads, args.engine_threads, restart=argv is None)
     return args
 
@@ -278,7 +278,7 @@ def main_guard(prog):
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
                 return 130
-            except Stopped as e:  # SIGTERM or SIGHUP outside training (core/signals.py)
+            except Stopped as e:  # SIGTERM or SIGHUP outside training (core/platform/signals.py)
                 print(f"{prog}: stopped by {e}", file=sys.stderr)
                 return 128 + e.signum
         return run

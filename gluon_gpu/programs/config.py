@@ -5,12 +5,12 @@ import argparse
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Optional
 
-from ..core.buckets import DEFAULT_BUCKET_MB
-from ..core.compat import upgrade_config
-from ..core.heads import TASKS
-from ..core.kvstores import KVSTORES
-from ..core.precision import DTYPES
-from ..core.pruning import RULES as PRUNE_RULES
+from ..core.loop.pruning import RULES as PRUNE_RULES
+from ..core.state.compat import upgrade_config
+from ..core.step.buckets import DEFAULT_BUCKET_MB
+from ..core.step.heads import TASKS
+from ..core.step.kvstores import KVSTORES
+from ..core.step.precision import DTYPES
 from ..data import DATASETS, PIPELINES
 from ..data.augment import augment_help
 from ..models.fused_conv import MODES

@@ -7,9 +7,10 @@ the change against float32."""
 import mxnet as mx
 from mxnet import nd
 
-from ..core.devices import describe, devices, parse_devices
-from ..core.heads import head_for
-from ..core.parallel import DataParallel
+from ..core.platform.devices import describe, devices, parse_devices
+from ..core.step.heads import head_for
+from ..core.step.members import member_count
+from ..core.step.parallel import DataParallel
 from ..data import DataSpec, load_dataset, make_pipeline
 from ..data.sources import sample_batches
 from ..models import load_model, params_in, pipeline_layout, recorded_run
@@ -109,7 +110,7 @@ def graph_evaluation(path, ctx, spec, x, y, batch_size, model=None, fused_conv="
     keeps the samples on the devices when a copy fits, else reads them a batch at a time."""
     net = load_model(path, ctx, model, input_shape=spec.input_shape, outputs=spec.outputs, fused_conv=fused_conv,
                      member=member)
-    members = getattr(net, "members", 1)
+    members = member_count(net)
     dp = DataParallel(net, ctx, head=head_for(spec.task, spec.outputs), transform=spec.transform(members))
     eval_ctx = pipeline_layout(net, ctx).eval_ctx  # an ensemble of placed members: its home device
     batches = make_pipeline(pipeline, x, y, batch_size, eval_ctx, shuffle=False, members=members)

@@ -20,10 +20,10 @@ import tempfile
 import mxnet as mx
 import numpy as np
 
-from ..core.errors import UserError
-from ..core.files import fsync_path, lock_holder, umask_mode, write_guard, write_json, write_text
-from ..core.params import read_parameter_file
-from ..core.version import __version__
+from ..core.platform.errors import UserError
+from ..core.platform.files import fsync_path, lock_holder, umask_mode, write_guard, write_json, write_text
+from ..core.state.version import __version__
+from ..core.step.params import read_parameter_file
 from ..data.fashion_mnist import fashion_spec
 from ..models import load_model, params_in, recorded_run
 from ..models.export import (OPSET, TOLERANCE, CheckFailed, check_outputs, metadata_for, mxnet_outputs,

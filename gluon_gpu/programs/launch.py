@@ -30,9 +30,9 @@ import sys
 import time
 import uuid
 
+from ..core.platform.errors import UserError
+from ..core.platform.signals import STOP_SIGNALS
 from . import remote_role
-from ..core.errors import UserError
-from ..core.signals import STOP_SIGNALS
 from .cli import Parser, main_guard, non_negative_int, positive_int
 
 JOB_ENV = "GLUON_GPU_JOB"  # marks every process of a job (tests look for leftovers by it)

@@ -15,10 +15,10 @@ import os
 
 from tqdm import tqdm
 
-from ..core.environment import usable_cpus
-from ..core.errors import UserError
-from ..core.files import write_json
-from ..core.memory import check_fits, size_text
+from ..core.platform.environment import usable_cpus
+from ..core.platform.errors import UserError
+from ..core.platform.files import write_json
+from ..core.platform.memory import check_fits, size_text
 from ..data.folders import scan_folder
 from ..data.recordio import ENCODINGS, SPLITS, write_split
 from .cli import Parser, command, main_guard, non_negative_int, progress_enabled

@@ -1,9 +1,9 @@
 """The plan line a run prints before it trains: what runs where, how the gradients are
 exchanged, who gets each batch, the data and the run folder."""
-from ..core.version import __version__
-from ..core.devices import describe, thread_settings
-from ..core.kvstores import default_kvstore
-from ..core.precision import bfloat16_warning
+from ..core.platform.devices import describe, thread_settings
+from ..core.state.version import __version__
+from ..core.step.kvstores import default_kvstore
+from ..core.step.precision import bfloat16_warning
 from ..models.fused_conv import is_fused
 from ..models.init import ensemble_layout
 from .recipes import spelled
@@ -12,11 +12,11 @@ from .recipes import spelled
 def exchange_plan(dp, config, ctx):
     """'kvstore local, gradient buckets <= 4 MiB': how the gradients are exchanged."""
     if dp.spread:
-        mine = sum(dp.placed.mine(k) for k in range(dp.placed.members))
+        mine = sum(dp.owner.mine(k) for k in range(dp.owner.members))
         return (f"members spread over {dp.num_workers} worker{'s' * (dp.num_workers > 1)} ({mine} on this one), "
                 "no gradient exchange, "
                 "shared at each epoch's end")
-    if dp.placed:
+    if dp.owner:
         return "no gradient exchange (independent members)"
     kvstore = f"kvstore {config.kvstore or default_kvstore(ctx)}"
     if len(dp.ctx) == 1 and dp.num_workers == 1:
@@ -64,6 +64,6 @@ def plan_line(config, run, ctx, out, dry_run=False):
 
 def batch_plan(dp, pipeline, batch_size, ctx):
     """Who gets each batch, for the plan line."""
-    if not dp.placed:
+    if not dp.owner:
         return f"{batch_size // len(ctx)}+ per device"
     return "whole, to each member in turn" if pipeline.turns > 1 else "whole, to every member"

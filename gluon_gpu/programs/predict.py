@@ -17,10 +17,11 @@ import os
 import numpy as np
 from mxnet import nd
 
-from ..core.devices import devices, gpu_count, split_batch
-from ..core.errors import DataError, UserError
-from ..core.heads import head_for
-from ..core.modes import call
+from ..core.platform.devices import devices, gpu_count, split_batch
+from ..core.platform.errors import DataError, UserError
+from ..core.step.array_api import call
+from ..core.step.heads import head_for
+from ..core.step.members import member_count
 from ..data.fashion_mnist import fashion_spec, read_idx
 from ..data.images import decode
 from ..models import load_model, params_in
@@ -63,7 +64,7 @@ def predict(net, inputs, ctx, spec):
     """Outputs for stored-format inputs ``(N, *spec.input_shape)``, cut over ``ctx``:
     class probabilities (classification) or predictions (regression); an ensemble
     gives its combined output (the mean softmax, or the mean prediction)."""
-    members = getattr(net, "members", 1)
+    members = member_count(net)
     batch = nd.array(inputs, dtype="uint8" if spec.dtype == "uint8" else "float32")
     if members > 1:  # every member sees every input
         batch = batch.expand_dims(1).broadcast_to((len(inputs), members) + batch.shape[1:])

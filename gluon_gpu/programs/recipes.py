@@ -8,7 +8,7 @@ on the date named; docs/accuracy.md says how it was measured and how long it too
 from collections import namedtuple
 from dataclasses import replace
 
-from ..core.errors import UserError
+from ..core.platform.errors import UserError
 from .config import flag_name
 
 Recipe = namedtuple("Recipe", "flags what measured")

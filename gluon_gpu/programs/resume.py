@@ -6,13 +6,15 @@ import os
 import pickle
 import sys
 from dataclasses import replace
+from typing import NamedTuple
 
 import mxnet as mx
 
-from ..core.compat import upgrade_metric_state
-from ..core.checkpoint import checkpoints, complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
-from ..core.errors import UserError
-from ..core.params import last_line
+from ..core.loop.callbacks import Callback
+from ..core.platform.errors import UserError
+from ..core.state.checkpoint import checkpoints, complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
+from ..core.state.compat import upgrade_metric_state
+from ..core.step.params import last_line
 from ..models.loading import adapt_keys
 from .cli import explicit_flags
 from .config import EPOCH_SHAPED_LR, RESUMABLE, RunConfig, flag_name
@@ -61,7 +63,7 @@ def restart_from(out):
     return out if complete_checkpoints(out) else None
 
 
-class Checkpointer:
+class Checkpointer(Callback):
     """Callback: a checkpoint every ``--save-period`` epochs and at the end (see checkpoint.py)."""
 
     def __init__(self, out, dp, record, config, turns=1, ema=None):
@@ -91,11 +93,18 @@ class Checkpointer:
             self.save(record["epoch"], 0, history, shared=True)  # fit shared them at the epoch's end
 
 
+class ResumePoint(NamedTuple):
+    """Where a resumed run goes on from: after ``batch`` batches of epoch ``epoch + 1``."""
+    epoch: int  # epochs finished
+    batch: int  # batches of the next epoch finished
+    seconds: float  # training time so far
+    history: list  # the finished epochs' records
+
+
 def resume_point(out, run, config, say, monitor):
     """Load the most advanced checkpoint that loads, skipping (one line each) any that
-    does not; ``(epoch, batch, seconds, history)`` to go on from, or None when the run
-    already finished its epochs. ``say``: rank 0's run log (None on other workers)."""
-    dp = run.dp
+    does not; the ResumePoint to go on from, or None when the run already finished its
+    epochs. ``say``: rank 0's run log (None on other workers)."""
     chief = say is not None
 
     def skip(directory, why):
@@ -105,47 +114,67 @@ def resume_point(out, run, config, say, monitor):
     for directory, problem in broken:
         skip(directory, problem)
     for directory, state in reversed(complete):
-        workers = state.get("workers", 1)
-        batch = same_position(state["batch"], workers, data_workers(dp))
-        if batch is None:
-            skip(directory, f"{dp.num_workers} workers cannot continue exactly from its position (epoch "
-                            f"{state['epoch'] + 1}, global batch {state['batch']} of {workers} workers)")
+        batch, why = _position(state, run)
+        if why is None:
+            why = _load(directory, state, run, config)
+        if why is not None:
+            skip(directory, why)
             continue
-        if batch >= len(run.train):
-            skip(directory, f"its position, batch {batch + 1} of epoch {state['epoch'] + 1}, is past the "
-                            f"{len(run.train)} batches of an epoch of this run")
-            continue
-        turns = state.get("turns", 1)
-        if batch and turns != run.train.turns:
-            skip(directory, f"it stopped inside epoch {state['epoch'] + 1} with the members training "
-                            f"{'in turns' if turns > 1 else 'together'}, and this run's ensemble layout trains them "
-                            f"{'in turns' if run.train.turns > 1 else 'together'}: it can go on from an epoch's end")
-            continue
-        try:
-            load_checkpoint(directory, dp, adapt_keys(config.model, member_count(config)))
-            if run.ema is not None:  # its average goes on from the checkpoint's
-                run.ema.load(os.path.join(directory, run.ema.FILE))
-            if dp.rank == 0:  # rank 0 holds the job's sums; the other workers start from zero
-                dp.sums.load_state(upgrade_metric_state(state["metrics"], dp.sums.width))
-        except (UserError, mx.base.MXNetError, pickle.UnpicklingError, EOFError, KeyError, TypeError,
-                ValueError, IndexError, AssertionError) as e:
-            skip(directory, last_line(e))
-            continue
-        if state["epoch"] >= config.epochs:
+        done = _done(out, state, batch, config, monitor)
+        if done:
             if chief:
-                print(f"{out} already finished {state['epoch']} epochs; pass --epochs N to train more")
-            return None
-        stopper = early_stopping(config, monitor)
-        stalled = stopper.stalled(state["history"]) if stopper and state["history"] and not batch else None
-        if stalled:
-            if chief:
-                print(f"{out} stopped early after epoch {state['epoch']}: {stalled}; best.params holds epoch "
-                      f"{monitor.best(state['history'])['epoch']}; a larger --early-stop trains on")
+                print(done)
             return None
         if chief:
             say(f"resuming from {directory} (epoch {state['epoch'] + 1}, batch {batch + 1})")
-        return state["epoch"], batch, state["seconds"], state["history"]
+        return ResumePoint(state["epoch"], batch, state["seconds"], state["history"])
     raise UserError(f"--resume {out}: no checkpoint in {out}/checkpoints loads")
+
+
+def _position(state, run):
+    """``(this run's batch to go on from, None)`` for a checkpoint's ``state``, or
+    ``(None, why this run cannot go on from it)``."""
+    dp, workers = run.dp, state.get("workers", 1)
+    batch = same_position(state["batch"], workers, data_workers(dp))
+    if batch is None:
+        return None, (f"{dp.num_workers} workers cannot continue exactly from its position (epoch "
+                      f"{state['epoch'] + 1}, global batch {state['batch']} of {workers} workers)")
+    if batch >= len(run.train):
+        return None, (f"its position, batch {batch + 1} of epoch {state['epoch'] + 1}, is past the "
+                      f"{len(run.train)} batches of an epoch of this run")
+    turns = state.get("turns", 1)
+    if batch and turns != run.train.turns:
+        return None, (f"it stopped inside epoch {state['epoch'] + 1} with the members training "
+                      f"{'in turns' if turns > 1 else 'together'}, and this run's ensemble layout trains them "
+                      f"{'in turns' if run.train.turns > 1 else 'together'}: it can go on from an epoch's end")
+    return batch, None
+
+
+def _load(directory, state, run, config):
+    """Load the checkpoint into the run; None, or why it does not load."""
+    dp = run.dp
+    try:
+        load_checkpoint(directory, dp, adapt_keys(config.model, member_count(config)))
+        if run.ema is not None:  # its average goes on from the checkpoint's
+            run.ema.load(os.path.join(directory, run.ema.FILE))
+        if dp.rank == 0:  # rank 0 holds the job's sums; the other workers start from zero
+            dp.sums.load_state(upgrade_metric_state(state["metrics"], dp.sums.width))
+    except (UserError, mx.base.MXNetError, pickle.UnpicklingError, EOFError, KeyError, TypeError,
+            ValueError, IndexError, AssertionError) as e:
+        return last_line(e)
+    return None
+
+
+def _done(out, state, batch, config, monitor):
+    """The line saying the run has nothing left to train, or None."""
+    if state["epoch"] >= config.epochs:
+        return f"{out} already finished {state['epoch']} epochs; pass --epochs N to train more"
+    stopper = early_stopping(config, monitor)
+    stalled = stopper.stalled(state["history"]) if stopper and state["history"] and not batch else None
+    if stalled:
+        return (f"{out} stopped early after epoch {state['epoch']}: {stalled}; best.params holds epoch "
+                f"{monitor.best(state['history'])['epoch']}; a larger --early-stop trains on")
+    return None
 
 
 def data_workers(dp):

@@ -2,22 +2,23 @@
 DataParallel step. Shared by train (and --resume) and bench."""
 import re
 from dataclasses import dataclass, fields, replace
+from typing import NamedTuple, Optional
 
 import mxnet as mx
 
-from ..core.devices import default_workers
-from ..core.spread_members import owners
-from ..core.ema import WeightAverage
-from ..core.errors import UserError
-from ..core.heads import head_for
-from ..core.kvstores import check_options
-from ..core.parallel import DataParallel
-from ..core.precision import check_precision, precision_for
+from ..core.loop.ema import WeightAverage
+from ..core.platform.devices import default_workers
+from ..core.platform.errors import UserError
+from ..core.step.heads import head_for
+from ..core.step.kvstores import check_options
+from ..core.step.parallel import DataParallel
+from ..core.step.precision import check_precision, precision_for
+from ..core.step.spread_members import owners
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
 from ..data.augment import describe, make_augment
-from ..data.mixing import describe as describe_mixing, make_mixing
 from ..data.batch_order import member_seeds, shared_batches
 from ..data.device_pipeline import MIXED_MEMBERS_AUGMENTED, device_copy_bytes
+from ..data.mixing import describe as describe_mixing, make_mixing
 from ..data.pipelines import choose_pipeline, device_only
 from ..models import init_model
 from ..models.member_stack import pipeline_layout
@@ -53,19 +54,8 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     its shard of every global batch (``--batch-size`` is per worker). ``exchange=False``:
     the benchmark's baseline without the gradient exchange; ``pipelines``: another run's
     ``(train, val)`` to share (the benchmark's, so its data is decoded and held once)."""
-    check_batch(config.batch_size, ctx)
-    check_options(ctx, config.kvstore)  # before any data is read
-    check_precision(precision_for(config.dtype, config.amp), ctx)
-    if model is None and config.model != "auto":
-        check_model_name(config.model)
-    sweep = member_configs(config)
-    check_sweep(config, sweep)
+    sweep = _check_config(config, ctx, model)
     members = len(sweep) or config.ensemble
-    if config.sync_bn and members > 1 and config.ensemble_layout != "fused":
-        raise UserError(f"`sync_bn`: with `ensemble_layout` {config.ensemble_layout} every member trains on whole "
-                        "batches on one device, so its BatchNorm has nothing to synchronize; leave `sync_bn` out")
-    if config.seed + config.ensemble - 1 > MAX_SEED:
-        raise UserError(f"`seed` {config.seed} with `ensemble` {config.ensemble}: member seeds pass {MAX_SEED}")
     data = data or load_dataset(config.dataset, config.data_dir, config.image_size, config.task, config.limit,
                                 config.val_limit, decoded=False)  # decoded below if the device pipeline keeps it
     spec = data.spec
@@ -77,67 +67,121 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     store = mx.kv.create(config.kvstore) if config.kvstore and config.kvstore.startswith("dist") else None
     spread = spread_over(store, members, config.ensemble_layout)
     shard = (store.rank, store.num_workers) if store and not spread else (0, 1)
-    seeds = [m.seed for m in sweep] or None
-    net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, members,
-                     config.fused_conv, config.ensemble_layout, config.hybridize,
-                     min(config.batch_size, len(data.train_y)),  # the largest batch the data makes
-                     seeds, [m.label_smoothing for m in sweep] or None, spread)
-    if any(m.label_smoothing for m in sweep or [config]) and spec.task != "classify":
-        raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
-    augment = make_augment(config.augment, spec)
-    mixing, mix_alphas = members_mixing(config, sweep, spec)
-    if augment is not None and members > 1 and mixing is not None:
-        raise UserError(MIXED_MEMBERS_AUGMENTED)
-    if config.ema and members > 1:
-        raise UserError("`ema` does not apply to an `ensemble` or a `sweep` yet")
-    if config.no_wd:
-        exclude_from_weight_decay(net)
+    net = _network(config, ctx, model, data, spec, sweep, spread)
+    inputs = _training_inputs(config, sweep, spec, members)
     layout = pipeline_layout(net, ctx)
     synced = use_sync_batchnorm(net, len(ctx)) if config.sync_bn else 0
     if config.sync_bn:
         _check_sync_bn_batches(len(data.train_y), config.batch_size * shard[1], len(ctx))
-    shared = shared_batches(members, member_seeds(config.seed, members, seeds), mixing)  # one read for all members
+    pipes, described = _pipelines(config, ctx, data, layout, sweep, inputs, shard, pipelines)
+    dp = _step(config, ctx, net, store, spec, sweep, inputs, exchange, pipes[0], spread is not None)
+    return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
+               _warnings(config, synced, shard[1], len(data.train_y)), described,
+               describe(inputs.augment.components) if inputs.augment is not None else "",
+               describe_mixing(inputs.mixing, inputs.mix_alphas) if inputs.mixing is not None else "",
+               WeightAverage(dp, config.ema, pipes[1]) if config.ema else None, sweep)
+
+
+def _check_config(config, ctx, model):
+    """Refuse what ``config`` cannot run before any data is read; its sweep's members."""
+    check_batch(config.batch_size, ctx)
+    check_options(ctx, config.kvstore)
+    check_precision(precision_for(config.dtype, config.amp), ctx)
+    if model is None and config.model != "auto":
+        check_model_name(config.model)
+    sweep = member_configs(config)
+    check_sweep(config, sweep)
+    members = len(sweep) or config.ensemble
+    if config.sync_bn and members > 1 and config.ensemble_layout != "fused":
+        raise UserError(f"`sync_bn`: with `ensemble_layout` {config.ensemble_layout} every member trains on whole "
+                        "batches on one device, so its BatchNorm has nothing to synchronize; leave `sync_bn` out")
+    if config.seed + config.ensemble - 1 > MAX_SEED:
+        raise UserError(f"`seed` {config.seed} with `ensemble` {config.ensemble}: member seeds pass {MAX_SEED}")
+    if config.ema and members > 1:
+        raise UserError("`ema` does not apply to an `ensemble` or a `sweep` yet")
+    return sweep
+
+
+def _network(config, ctx, model, data, spec, sweep, spread):
+    """The network (``model``, else ``config.model``) made and initialized on ``ctx``."""
+    members = len(sweep) or config.ensemble
+    net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, members,
+                     config.fused_conv, config.ensemble_layout, config.hybridize,
+                     min(config.batch_size, len(data.train_y)),  # the largest batch the data makes
+                     [m.seed for m in sweep] or None, [m.label_smoothing for m in sweep] or None, spread)
+    if any(m.label_smoothing for m in sweep or [config]) and spec.task != "classify":
+        raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
+    if config.no_wd:
+        exclude_from_weight_decay(net)
+    return net
+
+
+class RunInputs(NamedTuple):
+    """What a run feeds its step besides the samples."""
+    augment: object  # the Augment block, or None
+    mixing: object  # the Mixing block, or None
+    mix_alphas: Optional[list]  # a sweep's members' alphas
+
+
+def _training_inputs(config, sweep, spec, members):
+    augment = make_augment(config.augment, spec)
+    mixing, mix_alphas = members_mixing(config, sweep, spec)
+    if augment is not None and members > 1 and mixing is not None:
+        raise UserError(MIXED_MEMBERS_AUGMENTED)
+    return RunInputs(augment, mixing, mix_alphas)
+
+
+def _pipelines(config, ctx, data, layout, sweep, inputs, shard, shared_pipes=None):
+    """``((train, val) pipelines, their description for the plan line)``; ``shared_pipes``:
+    another run's, used instead."""
+    members, seeds = len(sweep) or config.ensemble, [m.seed for m in sweep] or None
+    shared = shared_batches(members, member_seeds(config.seed, members, seeds), inputs.mixing)  # one read for all
     pipeline, why = choose_pipeline(config.pipeline, sum(device_copy_bytes(x, y) for x, y in (
         (data.train_x, data.train_y), (data.val_x, data.val_y))), layout.train_ctx,
         device_only(members, shared), data.on_disk)
     workers = default_workers(ctx) if config.num_workers is None else config.num_workers
-    pipes = pipelines or [
-        make_pipeline(pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train, num_workers=workers,
-                      members=members, shard=shard if train else (0, 1), seeds=seeds,
-                      member_groups=layout.member_groups if train else None, in_turns=train and layout.in_turns,
-                      augment=augment if train else None, mixing=mixing if train else None, mix_alphas=mix_alphas)
-        for x, y, train, pipe_ctx in ((data.train_x, data.train_y, True, layout.train_ctx),
-                                      (data.val_x, data.val_y, False, layout.eval_ctx))]
-    updates_per_epoch = -(-len(pipes[0]) // pipes[0].turns // config.accumulate)  # each member's, in turns too
-    # A sweep: each member its own optimizer and loss; members spread over workers: their own optimizers
-    # (update counts by parameter, whatever the device: core/member_optimizer.py)
+    pipes = shared_pipes or [make_pipeline(pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train,
+                           num_workers=workers, members=members, shard=shard if train else (0, 1), seeds=seeds,
+                           member_groups=layout.member_groups if train else None,
+                           in_turns=train and layout.in_turns, augment=inputs.augment if train else None,
+                           mixing=inputs.mixing if train else None, mix_alphas=inputs.mix_alphas)
+             for x, y, train, pipe_ctx in ((data.train_x, data.train_y, True, layout.train_ctx),
+                                           (data.val_x, data.val_y, False, layout.eval_ctx))]
+    return pipes, f"pipeline {pipeline}" + (f" ({why})" if why else "") + _workers_text(
+        workers, pipeline == "loader" or data.on_disk)
+
+
+def _step(config, ctx, net, store, spec, sweep, inputs, exchange, train, spread):
+    """The DataParallel step. A sweep: each member its own optimizer and loss; members
+    ``spread`` over workers: their own optimizers (update counts by parameter, whatever
+    the device: core/step/member_optimizer.py)."""
+    members = len(sweep) or config.ensemble
+    updates_per_epoch = -(-len(train) // train.turns // config.accumulate)  # each member's, in turns too
     params = per_member(sweep or [config] * members, lambda m: optimizer_params(m, updates_per_epoch)) \
         if sweep or spread else optimizer_params(config, updates_per_epoch)
-    dp = DataParallel(net, ctx, config.optimizer, params, kvstore=store or config.kvstore,
-                      head=per_member(sweep, lambda m: head_for(spec.task, spec.outputs, m.label_smoothing))
-                      if sweep else head_for(spec.task, spec.outputs, config.label_smoothing),
-                      transform=spec.transform(members), hybridize=config.hybridize,
-                      dtype=config.dtype, amp=config.amp, batch_size=config.batch_size,
-                      bucket_bytes=int(config.bucket_mb * 2**20), exchange=exchange,
-                      accumulate=config.accumulate, clip_grad=config.clip_grad, augment=augment,
-                      mixing=mixing)
+    head = per_member(sweep, lambda m: head_for(spec.task, spec.outputs, m.label_smoothing)) if sweep else \
+        head_for(spec.task, spec.outputs, config.label_smoothing)
+    return DataParallel(net, ctx, config.optimizer, params, kvstore=store or config.kvstore, head=head,
+                        transform=spec.transform(members), hybridize=config.hybridize, dtype=config.dtype,
+                        amp=config.amp, batch_size=config.batch_size, bucket_bytes=int(config.bucket_mb * 2**20),
+                        exchange=exchange, accumulate=config.accumulate, clip_grad=config.clip_grad,
+                        augment=inputs.augment, mixing=inputs.mixing)
+
+
+def _warnings(config, synced, workers, samples):
+    """One line each, for the person starting the run."""
     warnings = idle_flags(config)
     if config.sync_bn and not synced:
         warnings.append(f"`sync_bn`: {config.model} has no BatchNorm layer; nothing to synchronize")
-    if config.batch_size * shard[1] > len(data.train_y):
-        warnings.append(f"`batch_size` {config.batch_size * shard[1]} is larger than the {len(data.train_y)} "
-                        f"training samples: every epoch is one update of {len(data.train_y)} samples")
-    return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
-               tuple(warnings), f"pipeline {pipeline}" + (f" ({why})" if why else "") + _workers_text(
-                   workers, pipeline == "loader" or data.on_disk),
-               describe(augment.components) if augment is not None else "",
-               describe_mixing(mixing, mix_alphas) if mixing is not None else "",
-               WeightAverage(dp, config.ema, pipes[1]) if config.ema else None, sweep)
+    if config.batch_size * workers > samples:
+        warnings.append(f"`batch_size` {config.batch_size * workers} is larger than the {samples} "
+                        f"training samples: every epoch is one update of {samples} samples")
+    return tuple(warnings)
 
 
 def spread_over(store, members, layout):
     """``(owners, rank)`` when ``members`` (an ensemble or sweep) are spread over the
-    workers of a distributed job (core/spread_members.py), else None. The fused layout
+    workers of a distributed job (core/step/spread_members.py), else None. The fused layout
     is one network: it trains data-parallel over the workers instead."""
     if store is None or members < 2 or layout == "fused":
         return None

@@ -3,11 +3,11 @@ metrics.json, curves.png, metrics.csv, best.params, TensorBoard, the profiler an
 stopping."""
 import os
 
-from ..core.callbacks import CurvesPlot, EpochPrinter, GuessingWatch, MetricsFile
-from ..core.early_stopping import BestParams, EarlyStopping, Monitor
-from ..core.loggers import MetricsCsv, TensorBoard
-from ..core.profiling import StepProfiler
-from ..core.pruning import Pruning
+from ..core.loop.callbacks import CurvesPlot, EpochPrinter, GuessingWatch, MetricsFile
+from ..core.loop.early_stopping import BestParams, EarlyStopping, Monitor
+from ..core.loop.loggers import MetricsCsv, TensorBoard
+from ..core.loop.profiling import StepProfiler
+from ..core.loop.pruning import Pruning
 from .sweep import member_count
 from .sweep_results import SweepRecord, SweepTable, sweep_monitor
 

@@ -18,7 +18,7 @@ from dataclasses import fields, replace
 
 import numpy as np
 
-from ..core.errors import UserError
+from ..core.platform.errors import UserError
 from .config import SWEEPABLE, RunConfig, flag_name
 
 NOT_YET = {"optimizer": "every member has the same optimizer kind (its parameters may differ)"}

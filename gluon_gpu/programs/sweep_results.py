@@ -6,10 +6,10 @@ import csv
 import io
 import os
 
-from ..core.callbacks import save_figure, subplots
-from ..core.early_stopping import MemberMonitor
-from ..core.files import write_text
-from .bench_timing import text_table
+from ..core.loop.callbacks import Callback, save_figure, subplots
+from ..core.loop.early_stopping import MemberMonitor
+from ..core.platform.files import write_text
+from .bench.timing import text_table
 from .sweep import member_label, varied
 
 
@@ -18,7 +18,7 @@ def sweep_monitor(flag, metric_names, members):
     return MemberMonitor(flag, metric_names, [member_label(m, varied(members)) for m in members])
 
 
-class SweepRecord:
+class SweepRecord(Callback):
     """Callback, before any that writes the record: a sweep's members are separate
     models, so the figures of their combined vote (an ensemble's ``val_<name>``) are no
     figure of the job and leave the record; each member's stay (``member_val_<name>``)."""
@@ -31,7 +31,7 @@ class SweepRecord:
         pass
 
 
-class SweepTable:
+class SweepTable(Callback):
     """Callback: at the end, ``RUN/sweep.csv`` and ``RUN/sweep.png``; ``describe()`` is
     the table the run prints last. ``rows(history)`` also goes to metrics.json."""
 

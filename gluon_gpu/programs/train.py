@@ -9,16 +9,16 @@ import time
 
 import mxnet as mx
 
-from ..core.version import __version__
-from ..core.callbacks import MetricsFile
-from ..core.checkpoint import complete_checkpoints, latest_checkpoint
-from ..core.devices import devices, parse_devices, require_thread_settings
-from ..core.errors import DivergedError, ProcessDied, UserError, WriteError
-from ..core.files import RunLock, remove_temporaries
-from ..core.loggers import TrainLog, show
-from ..core.loop import Interrupted, StopFlag, fit
-from ..core.params import ParamSnapshot, save_arrays, save_parameters
-from ..core.signals import STOP_SIGNALS
+from ..core.loop.callbacks import Callback, MetricsFile
+from ..core.loop.fit import Interrupted, StopFlag, fit
+from ..core.loop.loggers import TrainLog, show
+from ..core.platform.devices import devices, parse_devices, require_thread_settings
+from ..core.platform.errors import DivergedError, ProcessDied, UserError, WriteError
+from ..core.platform.files import RunLock, remove_temporaries
+from ..core.platform.signals import STOP_SIGNALS
+from ..core.state.checkpoint import complete_checkpoints, latest_checkpoint
+from ..core.state.version import __version__
+from ..core.step.params import ParamSnapshot, save_arrays, save_parameters
 from ..models.fused_conv import is_fused
 from ..models.init import ensemble_engine_workers
 from ..models.member_stack import ensemble_variables
@@ -28,7 +28,7 @@ from .config import RunConfig, add_flags
 from .launch import RESTART_ENV
 from .plan import plan_line
 from .recipes import apply_recipe, recipe_table
-from .resume import Checkpointer, restart_from, resume_config, resume_point
+from .resume import Checkpointer, ResumePoint, restart_from, resume_config, resume_point
 from .run import build_run
 from .run_callbacks import chief_callbacks, monitor_for
 from .sweep import member_count
@@ -78,7 +78,7 @@ def check_writable(path):
         raise UserError(f"cannot write to run directory {path}: {e.strerror or e}") from None
 
 
-class _KeepLastGood:
+class _KeepLastGood(Callback):
     """Callback: a host snapshot of the parameters after every finished epoch."""
 
     def __init__(self, net, epoch):
@@ -88,7 +88,8 @@ class _KeepLastGood:
     def on_epoch_end(self, record, history):
         self.snapshot, self.epoch = ParamSnapshot(self.net), record["epoch"]
 
-    def describe(self):
+    def held(self):
+        """Whose parameters the snapshot holds."""
         return f"epoch {self.epoch}" if self.epoch else "the initialization (no epoch finished)"
 
 
@@ -99,27 +100,8 @@ def main(argv=None):
     if args.recipe == "list":
         print(recipe_table())
         return 0
-    state = None
-    config = RunConfig.from_dict(vars(args))
-    if os.environ.get(RESTART_ENV) and not args.resume:
-        args.resume = restart_from(config.out)
-    typed = argv if argv is not None else sys.argv[1:]
-    if args.resume:
-        config, state = resume_config(parser, typed, args.resume)
-    else:  # a resumed run's config holds its recipe applied
-        config = apply_recipe(config, explicit_flags(parser, typed))
-    # MXNet reads these at start: the program re-executes itself with them (--sync-bn
-    # needs them; an ensemble only runs faster, so a library call goes on without)
-    extra, workers = {}, 0
-    if argv is None:
-        members = member_count(config)
-        extra.update(ensemble_variables(members, config.model, config.fused_conv))
-        if not config.engine_threads:  # an ensemble on one CPU context: a worker per core
-            workers = ensemble_engine_workers(members, config.ensemble_layout, parse_devices(config.devices))
-    if config.sync_bn:
-        extra.update(sync_bn_variables(config.engine_threads))
-    if extra or workers:
-        require_thread_settings(engine_threads=workers, restart=argv is None, extra=extra)
+    config, state = _run_config(parser, args, argv)
+    _thread_settings(config, restart=argv is None)
     with devices(config.devices) as ctx:
         out = config.out if args.resume else prepare_out_dir(config.out)
         run = build_run(config, ctx, saved_spec=(state or {}).get("data"))  # checks batch, options, data first
@@ -128,12 +110,7 @@ def main(argv=None):
         chief = dp.rank == 0  # in a distributed job only rank 0 writes and prints
         if chief and not args.dry_run:
             check_writable(out)
-        if chief:
-            shown = [plan_line(config, run, ctx, out, args.dry_run)]
-            show(shown[0])
-            for warning in run.warnings:
-                shown.append(f"gluon_gpu.train: warning: {as_flags(warning)}")
-                show(shown[-1], sys.stderr)
+        shown = _announce(config, run, ctx, out, args.dry_run) if chief else []
         if args.dry_run:
             return 0
         with RunLock(out) if chief else contextlib.nullcontext():
@@ -143,13 +120,50 @@ def main(argv=None):
             if chief:
                 remove_temporaries(out)  # of writes a kill cut short
                 say = TrainLog(os.path.join(out, "train.log"), header=shown)
-            start = resume_point(out, run, config, say, monitor) if args.resume else (0, 0, 0.0, [])
+            start = resume_point(out, run, config, say, monitor) if args.resume else ResumePoint(0, 0, 0.0, [])
             if start is None:
                 return 0
             code = _train(config, ctx, out, run, start, say, resumed=bool(args.resume),
                           progress=progress_enabled(args), monitor=monitor)
         _save_replica(dp)
         return code
+
+
+def _run_config(parser, args, argv):
+    """``(the RunConfig, the resumed checkpoint's state or None)``: a resumed run's config
+    holds its recipe applied; a new one's recipe fills the flags not typed."""
+    config = RunConfig.from_dict(vars(args))
+    if os.environ.get(RESTART_ENV) and not args.resume:
+        args.resume = restart_from(config.out)
+    typed = argv if argv is not None else sys.argv[1:]
+    if args.resume:
+        return resume_config(parser, typed, args.resume)
+    return apply_recipe(config, explicit_flags(parser, typed)), None
+
+
+def _thread_settings(config, restart):
+    """MXNet reads these at start: the program re-executes itself with them (``restart``;
+    --sync-bn needs them; an ensemble only runs faster, so a library call goes on without)."""
+    extra, workers = {}, 0
+    if restart:
+        members = member_count(config)
+        extra.update(ensemble_variables(members, config.model, config.fused_conv))
+        if not config.engine_threads:  # an ensemble on one CPU context: a worker per core
+            workers = ensemble_engine_workers(members, config.ensemble_layout, parse_devices(config.devices))
+    if config.sync_bn:
+        extra.update(sync_bn_variables(config.engine_threads))
+    if extra or workers:
+        require_thread_settings(engine_threads=workers, restart=restart, extra=extra)
+
+
+def _announce(config, run, ctx, out, dry_run):
+    """Print the plan line and the warnings; the lines shown."""
+    shown = [plan_line(config, run, ctx, out, dry_run)]
+    show(shown[0])
+    for warning in run.warnings:
+        shown.append(f"gluon_gpu.train: warning: {as_flags(warning)}")
+        show(shown[-1], sys.stderr)
+    return shown
 
 
 def _save_replica(dp):
@@ -166,14 +180,14 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
     loader worker (its partial epoch checkpointed) ends it with one line, exit 1, the
     status 'failed' with its reason, and the run resumable.
     ``say``: rank 0's run log, None on the other workers."""
-    dp, history = run.dp, start[3]
+    dp, history = run.dp, start.history
     record = {"config": config.to_dict(), "data": run.data.spec.to_dict()}
     header = {**record, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
               "fused_conv": is_fused(dp.net), "mxnet": mx.__version__, "gluon_gpu": __version__}
-    callbacks = chief_callbacks(config, run, out, header, monitor, say, start[:2] if resumed else None,
+    callbacks = chief_callbacks(config, run, out, header, monitor, say, (start.epoch, start.batch) if resumed else None,
                                 history) if say else []
     checkpointer = Checkpointer(out, dp, record, config, run.train.turns, run.ema)
-    last_good = _KeepLastGood(dp.net, start[0])
+    last_good = _KeepLastGood(dp.net, start.epoch)
     stop, before = StopFlag(), {}
     try:
         if not resumed:  # from here on a kill at any moment leaves something to resume
@@ -205,11 +219,10 @@ def _resume_command(out):
 def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, progress, say, monitor):
     """Train to the end, or to a stop request (a checkpoint, exit 128 + signal), or to a
     NaN loss (the last good parameters kept)."""
-    dp = run.dp
-    start_epoch, start_batch, seconds_before, history = start
+    history = start.history
     try:
-        fit(dp, run.train, run.val, config.epochs, callbacks + [checkpointer, last_good],
-            start_epoch, start_batch, config.log_interval, progress, history, stop, seconds_before)
+        fit(run.dp, run.train, run.val, config.epochs, callbacks + [checkpointer, last_good],
+            start.epoch, start.batch, config.log_interval, progress, history, stop, start.seconds)
     except Interrupted as e:
         where = checkpointer.save(e.epoch, e.batch, history, e.seconds)
         if e.cause is not None:  # a dead loader worker: _train says where to resume from
@@ -224,28 +237,33 @@ def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, prog
             last_good.snapshot.save(os.path.join(out, "net.params"))
         _end(callbacks, history, "diverged")
         kept = f"; last good checkpoint {checkpointer.last}" if checkpointer.last else ""
-        raise DivergedError(f"{e}; kept the parameters of {last_good.describe()} in "
+        raise DivergedError(f"{e}; kept the parameters of {last_good.held()} in "
                             f"{out}/net.params{kept}; try a lower --lr") from None
+    _finish(config, out, run, callbacks, checkpointer, history, say, monitor)
+    return 0
+
+
+def _finish(config, out, run, callbacks, checkpointer, history, say, monitor):
+    """A run trained to its end or stopped early: its files and last lines."""
     stopped_early = bool(history) and history[-1]["epoch"] < config.epochs
     if stopped_early:  # a checkpoint where it stopped: --resume then says so
         checkpointer.save(history[-1]["epoch"], 0, history)
         if say:
-            stopper = next(cb for cb in callbacks if getattr(cb, "stop_requested", False))
+            stopper = next(cb for cb in callbacks if cb.stop_requested)
             say(f"early stop after epoch {history[-1]['epoch']}: {stopper.stalled(history)}")
     if say:
-        save_parameters(dp.net, os.path.join(out, "net.params"))
+        save_parameters(run.dp.net, os.path.join(out, "net.params"))
         if run.ema is not None:
             save_arrays(run.ema.arrays(), os.path.join(out, run.ema.FILE))
     _end(callbacks, history, "early-stopped" if stopped_early else "finished")
-    if say:
-        for cb in callbacks:
-            if hasattr(cb, "describe"):
-                say(cb.describe())
-        say(f"saved {out}/net.params (the last epoch){', ema.params (their average)' if run.ema else ''}, "
-            f"metrics.json, metrics.csv, curves.png, train.log"
-            f"{', tb/' if config.tensorboard else ''}; checkpoints in {out}/checkpoints")
-        say(best_line(monitor, history, out))
-    return 0
+    if not say:
+        return
+    for line in filter(None, (cb.describe() for cb in callbacks)):
+        say(line)
+    say(f"saved {out}/net.params (the last epoch){', ema.params (their average)' if run.ema else ''}, "
+        f"metrics.json, metrics.csv, curves.png, train.log"
+        f"{', tb/' if config.tensorboard else ''}; checkpoints in {out}/checkpoints")
+    say(best_line(monitor, history, out))
 
 
 def best_line(monitor, history, out):

@@ -15,7 +15,7 @@ from mxnet import autograd, gluon, init, nd
 from mxnet.gluon import nn
 from mxnet.gluon.data.vision import transforms
 
-from ..core.errors import UserError
+from ..core.platform.errors import UserError
 from ..data.augment import parse_augment
 from ..models.zoo import ALIASES
 from .run import exclude_from_weight_decay, optimizer_params
@@ -34,23 +34,18 @@ def tutorial_lenet():
     return net
 
 
-def run(train_images, train_labels, test_images, test_labels, devices, epochs,
-        batch_size=256, num_workers=None, on_epoch=None, model="lenet", classes=10, recipe=None):
-    """Train as the tutorial does; returns per-epoch seconds and the final validation accuracy.
-    ``num_workers``: its DataLoaders' (None: the tutorial's 4).
-
-    ``recipe`` (bench --to-accuracy): a :class:`BaselineRecipe` the loop trains with as GluonCV's
-    scripts do: its optimizer and schedule, per-sample host transforms, smoothed one-hot
-    labels; it then validates after every epoch inside the timed span, passes the accuracy
-    to ``on_epoch(epoch, loss, seconds, accuracy)``, and stops at ``recipe.until``."""
-    num_workers = 4 if num_workers is None else num_workers
+def tutorial_net(model, classes):
+    """The tutorial's LeNet, or a GluonCV zoo model."""
     if model == "lenet":
-        net = tutorial_lenet()
-    else:
-        from gluoncv import model_zoo
-        net = model_zoo.get_model(ALIASES.get(model, model), classes=classes)
-        net.hybridize()
+        return tutorial_lenet()
+    from gluoncv import model_zoo
+    net = model_zoo.get_model(ALIASES.get(model, model), classes=classes)
+    net.hybridize()
+    return net
 
+
+def tutorial_loaders(train_images, train_labels, test_images, test_labels, batch_size, num_workers, recipe):
+    """The tutorial's DataLoaders; a recipe's host transforms on the training samples."""
     transformer = transforms.Compose([transforms.ToTensor(), transforms.Normalize(0.13, 0.31)])
     augmented = transformer
     if recipe:  # uint8 HWC transforms, ToTensor, float CHW ones (rotation), Normalize
@@ -64,14 +59,34 @@ def run(train_images, train_labels, test_images, test_labels, devices, epochs,
                                        batch_size=batch_size, shuffle=True, num_workers=num_workers)
     valid_data = gluon.data.DataLoader(mnist_valid.transform_first(transformer),
                                        batch_size=batch_size, num_workers=num_workers)
+    return train_data, valid_data
 
+
+def tutorial_trainer(net, devices, recipe):
+    """``(loss, trainer)``, the network initialized on ``devices``, as the tutorial (or the recipe) has them."""
     net.initialize(force_reinit=True, ctx=devices, init=init.Xavier())
     if recipe and recipe.no_wd:
         exclude_from_weight_decay(net)
     softmax_cross_entropy = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=not (recipe and recipe.smoothing))
     trainer = gluon.Trainer(net.collect_params(), recipe.optimizer if recipe else 'sgd',
                             recipe.optimizer_params if recipe else {'learning_rate': 0.1})
+    return softmax_cross_entropy, trainer
 
+
+def run(train_images, train_labels, test_images, test_labels, devices, epochs,
+        batch_size=256, num_workers=None, on_epoch=None, model="lenet", classes=10, recipe=None):
+    """Train as the tutorial does; returns per-epoch seconds and the final validation accuracy.
+    ``num_workers``: its DataLoaders' (None: the tutorial's 4).
+
+    ``recipe`` (bench --to-accuracy): a :class:`BaselineRecipe` the loop trains with as GluonCV's
+    scripts do: its optimizer and schedule, per-sample host transforms, smoothed one-hot
+    labels; it then validates after every epoch inside the timed span, passes the accuracy
+    to ``on_epoch(epoch, loss, seconds, accuracy)``, and stops at ``recipe.until``."""
+    num_workers = 4 if num_workers is None else num_workers
+    net = tutorial_net(model, classes)
+    train_data, valid_data = tutorial_loaders(train_images, train_labels, test_images, test_labels, batch_size,
+                                              num_workers, recipe)
+    softmax_cross_entropy, trainer = tutorial_trainer(net, devices, recipe)
     seconds = []
     for epoch in range(epochs):
         train_loss = 0.

@@ -1,0 +1,163 @@
+"""Training precision: float32; float16 with the network cast (GPUs, float32 master
+weights through the optimizer's ``multi_precision``); and mixed precision through MXNet's
+``contrib.amp``: ``bfloat16`` on CPUs with AVX-512 BF16, ``float16`` (``--amp``) on GPUs
+with dynamic loss scaling. Under AMP the parameters, the optimizer and the metric sums
+stay float32; convolutions and dense layers compute in the low precision.
+
+Two limits of MXNet 1.9's AMP shape this module. ``amp.init`` rewrites the operator
+functions of ``mx.nd`` and ``mx.sym`` for the whole process, for good: a process trains
+in one AMP precision, and a second network asking for another (or for plain float32
+after AMP) is refused rather than silently converted. And it rewrites the legacy API
+only: a numpy-API network (``npx.set_np()``) would train in float32 under a bfloat16
+flag, so it is refused too.
+"""
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+
+from ..platform.environment import cpu_flags  # a module name here: tests play another CPU by replacing it
+from ..platform.errors import UserError
+
+DTYPES = ("float32", "float16", "bfloat16")
+# What scripts/bfloat16_page.py measured: bfloat16 training against float32 (docs/bfloat16.md)
+BFLOAT16_MEASURED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bfloat16_measured.json")
+BF16_CPU_FLAGS = frozenset(("avx512_bf16", "amx_bf16"))
+_amp_state = {"target": None}  # the process's AMP precision, once amp.init ran
+
+
+@dataclass(frozen=True)
+class Precision:
+    """``dtype``: what the network computes in. ``amp``: through contrib.amp (always for
+    bfloat16). ``loss_scaling``: AMP's dynamic loss scaling (float16 AMP needs it; a
+    bfloat16 run may ask for it, which is how its code path is tested on CPUs)."""
+    dtype: str = "float32"
+    amp: bool = False
+    loss_scaling: bool = False
+
+    @property
+    def param_dtype(self):
+        """The parameters' dtype: float16 only when the whole network is cast."""
+        return "float16" if self.dtype == "float16" and not self.amp else "float32"
+
+    def optimizer_params(self, params):
+        """The optimizer's parameters for this precision: a network cast to float16
+        keeps float32 master weights (``multi_precision``) unless told otherwise. A list
+        (one per member): each."""
+        if isinstance(params, (list, tuple)):
+            return [self.optimizer_params(p) for p in params]
+        params = dict(params or {})
+        if self.param_dtype == "float16":
+            params.setdefault("multi_precision", True)
+        return params
+
+    def describe(self):
+        if self.dtype == "float32":
+            return "float32"
+        how = "contrib.amp" + (", dynamic loss scaling" if self.loss_scaling else "") if self.amp else \
+            "network cast, float32 master weights"
+        return f"{self.dtype} ({how})"
+
+
+def bfloat16_warning(path=BFLOAT16_MEASURED):
+    """The plan line's warning for bfloat16 training where it was measured slower than
+    float32 (MXNet 1.9.1's bfloat16 convolutions run slower than its float32 ones on the
+    CPU that docs/bfloat16.md profiles), with the ratio; '' where it was not."""
+    try:
+        with open(path) as f:
+            measured = json.load(f)
+        ratio = float(measured["ratio"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    if ratio >= 1:
+        return ""
+    return (f"warning: slower than float32: {measured['model']} trained at {ratio:.2f}x float32's samples/s "
+            f"(measured {measured['date']} on {measured['cpu']}, {measured['page']})")
+
+
+def precision_for(dtype="float32", amp=False, loss_scaling=None):
+    """The Precision of the flags ``--dtype`` and ``--amp`` (which means float16 AMP);
+    ``loss_scaling`` None: on for float16 AMP only."""
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if amp and dtype == "bfloat16":
+        raise UserError("`amp` is float16 mixed precision for GPUs; bfloat16 (`dtype` bfloat16) is mixed "
+                        "precision already: pass one of them")
+    amp = amp or dtype == "bfloat16"
+    dtype = "float16" if amp and dtype == "float32" else dtype
+    return Precision(dtype, amp, amp and dtype == "float16" if loss_scaling is None else bool(loss_scaling))
+
+
+def check_precision(precision, ctx):
+    """Refuse a precision these devices cannot train in (UserError, one line)."""
+    on_gpu = all(c.device_type == "gpu" for c in ctx)
+    on_cpu = all(c.device_type == "cpu" for c in ctx)
+    if precision.dtype == "float16" and not on_gpu:
+        what = "`amp` (float16 mixed precision)" if precision.amp else "float16 training"
+        raise UserError(f"{what} needs GPU devices: MXNet has no float16 GEMM on CPUs; on CPUs with "
+                        "AVX-512 BF16 use `dtype` bfloat16")
+    if precision.dtype == "bfloat16":
+        if not on_cpu:
+            raise UserError("`dtype` bfloat16 runs on CPUs (oneDNN's bfloat16 kernels); on GPUs use `amp`")
+        if not cpu_flags() & BF16_CPU_FLAGS:
+            raise UserError("`dtype` bfloat16 needs a CPU with AVX-512 BF16 or AMX instructions "
+                            "(/proc/cpuinfo lists neither avx512_bf16 nor amx_bf16); train in float32")
+
+
+def enable_amp(precision, net_is_np):
+    """Switch the process to ``precision``'s AMP (amp.init), once; refuse what it cannot
+    honour (see the module docstring)."""
+    current = _amp_state["target"]
+    if not precision.amp:
+        if current is not None:
+            raise UserError(f"this process already trains in {current} mixed precision (MXNet's amp.init "
+                            "is process-wide): a float32 network needs a process of its own")
+        return
+    if net_is_np:
+        raise UserError(f"{precision.dtype} mixed precision: MXNet 1.9's AMP converts legacy-API (mx.nd) "
+                        "networks only, and this one uses the numpy API (npx.set_np); it would train in float32")
+    if current is None:
+        from mxnet.contrib import amp
+        amp.init(target_dtype=precision.dtype)
+        _amp_state["target"] = precision.dtype
+    elif current != precision.dtype:
+        raise UserError(f"this process already trains in {current} mixed precision (MXNet's amp.init is "
+                        f"process-wide): {precision.dtype} needs a process of its own")
+
+
+def init_loss_scaling(precision, trainer):
+    if precision.loss_scaling:
+        from mxnet.contrib import amp
+        amp.init_trainer(trainer)
+
+
+def scaled_losses(trainer, losses):
+    """``amp.scale_loss`` when the trainer scales its loss (inside ``autograd.record``),
+    else the losses as they are."""
+    if getattr(trainer, "_amp_loss_scaler", None) is None:
+        return contextlib.nullcontext(losses)
+    from mxnet.contrib import amp
+    return amp.scale_loss(losses, trainer)
+
+
+def loss_scale(trainer):
+    """The factor the gradients carry (1 without loss scaling)."""
+    scaler = getattr(trainer, "_amp_loss_scaler", None)
+    return scaler.loss_scale if scaler is not None else 1.0
+
+
+_SCALER_FIELDS = ("_loss_scale", "_next_loss_scale", "_unskipped")
+
+
+def loss_scaler_state(trainer):
+    """The dynamic loss scaler's state for a checkpoint (None without one)."""
+    scaler = getattr(trainer, "_amp_loss_scaler", None)
+    return None if scaler is None else {name.lstrip("_"): getattr(scaler, name) for name in _SCALER_FIELDS}
+
+
+def load_loss_scaler_state(trainer, state):
+    scaler = getattr(trainer, "_amp_loss_scaler", None)
+    if scaler is not None and state:
+        for name in _SCALER_FIELDS:
+            setattr(scaler, name, state[name.lstrip("_")])
+

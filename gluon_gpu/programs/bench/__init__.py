@@ -1,0 +1,1 @@
+"""gluon-gpu-bench: the program (program.py) and its comparisons, one module each."""

@@ -1,0 +1,102 @@
+"""``bench --to-accuracy ACC``: the wall time until the validation accuracy reaches ACC,
+ours against the baseline loop (the tutorial's, or GluonCV's for zoo models) trained
+with the same recipe, in one invocation.
+
+Both train the ``--recipe`` (or the plain flags) on the first ``--devices`` spec and
+validate after every epoch inside the timed span (validation is part of the time to an
+accuracy), and stop at the first epoch at ACC or at the recipe's last epoch. Writes a
+table to stdout, ``OUT/accuracy.json`` and ``OUT/accuracy.png`` (validation accuracy
+against seconds, both loops).
+"""
+import math
+import os
+import time
+
+from ...core.loop.callbacks import save_figure, subplots
+from ...core.loop.fit import train_epoch, validate
+from ...core.platform.devices import parse_devices
+from ...core.platform.files import write_json
+from .. import tutorial_loop
+from ..config import RunConfig
+from ..recipes import apply_recipe
+from ..run import build_run
+from .timing import figure, machine_info, text_table
+
+
+def bench_config(args):
+    """The run configuration both loops train: the recipe, on the first spec."""
+    config = RunConfig(devices=args.devices[0], model=args.model, batch_size=args.batch_size, epochs=args.epochs,
+                       dataset=args.dataset, data_dir=args.data_dir, image_size=args.image_size,
+                       limit=args.limit, val_limit=args.val_limit, pipeline=args.pipeline[0],
+                       num_workers=args.num_workers, fused_conv=args.fused_conv[0], recipe=args.recipe, quiet=True)
+    return apply_recipe(config, given=set())
+
+
+def ours(config, data, target, bar):
+    """``[(seconds so far, val-acc)]`` per epoch until ``target``."""
+    run = build_run(config, parse_devices(config.devices), data=data)
+    curve, elapsed = [], 0.0
+    for epoch in range(config.epochs):
+        start = time.perf_counter()
+        train_epoch(run.dp, run.train, epoch)
+        accuracy = validate(run.dp, run.val)["val_acc"]
+        elapsed += time.perf_counter() - start
+        curve.append((elapsed, accuracy))
+        bar.update(1)
+        if accuracy >= target:
+            break
+    return curve
+
+
+def baseline(config, data, target, bar):
+    ctx = parse_devices(config.devices)
+    iters = math.ceil(len(data.train_x) / config.batch_size)
+    recipe = tutorial_loop.BaselineRecipe(config, iters, target, data.spec.input_shape[1:])
+    curve = []
+
+    def on_epoch(epoch, loss, seconds, accuracy):
+        curve.append(((curve[-1][0] if curve else 0.0) + seconds, accuracy))
+        bar.update(1)
+    tutorial_loop.run(data.train_x, data.train_y, data.val_x, data.val_y, ctx, config.epochs, config.batch_size,
+                      config.num_workers, on_epoch=on_epoch, model=config.model, classes=data.spec.outputs,
+                      recipe=recipe)
+    return curve
+
+
+def row(name, curve, target):
+    reached = next(((i + 1, s) for i, (s, a) in enumerate(curve) if a >= target), (None, None))
+    return {"name": name, "epochs_to_target": reached[0], "seconds_to_target": reached[1],
+            "epochs": len(curve), "seconds": curve[-1][0], "val_acc": curve[-1][1], "curve": curve}
+
+
+def run_to_accuracy(args, data, bar):
+    config = bench_config(args)
+    rows = [row("gluon_gpu", ours(config, data, args.to_accuracy, bar), args.to_accuracy)]
+    if args.baseline == "tutorial":
+        rows.append(row("baseline loop", baseline(config, data, args.to_accuracy, bar), args.to_accuracy))
+        if rows[0]["seconds_to_target"] and rows[1]["seconds_to_target"]:
+            rows[0]["speedup"] = rows[1]["seconds_to_target"] / rows[0]["seconds_to_target"]
+    columns = [("loop", 16, lambda r: r["name"]), ("epochs to ACC", 15, figure("epochs_to_target", "d")),
+               ("seconds to ACC", 16, figure("seconds_to_target", ".1f")), ("epochs run", 12, figure("epochs", "d")),
+               ("last val-acc", 14, figure("val_acc", ".4f")), ("faster", 9, figure("speedup", ".2f", "x"))]
+    print(text_table(columns, rows, f"time to val-acc {args.to_accuracy} on {config.devices}: {config.model}, "
+                                    f"recipe {config.recipe or 'none'} (at most {config.epochs} epochs; "
+                                    "validation counted in the time)"))
+    write_json(os.path.join(args.out, "accuracy.json"), {"config": config.to_dict(), "target": args.to_accuracy,
+                                                         "machine": machine_info(), "results": rows})
+    plot(rows, args.to_accuracy, os.path.join(args.out, "accuracy.png"))
+    print(f"wrote {args.out}/accuracy.json and {args.out}/accuracy.png")
+    return 0
+
+
+def plot(rows, target, path):
+    fig, ax = subplots(figsize=(6, 4))
+    for number, r in enumerate(rows):
+        seconds, accuracy = zip(*r["curve"])
+        ax.plot(seconds, accuracy, marker="o", color=f"C{number}", label=r["name"])
+    ax.axhline(target, color="grey", linestyle=":", label=f"target {target}")
+    ax.set_xlabel("seconds (training and validation)")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title("time to accuracy")
+    ax.legend()
+    save_figure(fig, path)
