@@ -4,6 +4,7 @@ groups below them, no import cycle between modules (imports inside functions inc
 and functions short enough to read whole."""
 import ast
 import os
+import re
 
 import pytest
 
@@ -120,6 +121,18 @@ def test_the_replicated_step_knows_no_members_placement():
     """The replicated strategy reads alone: no branch for members on their own devices."""
     text = open(os.path.join(PACKAGE, "core", "step", "replicated.py")).read()
     assert "placed" not in text.lower() and "owner" not in text and "PlacedMembers" not in text
+
+
+PROTOCOL_ATTRIBUTES = ("members", "skip", "cpu_only", "groups", "stop_requested", "describe", "on_log", "on_step",
+                       "on_epoch_end", "on_train_end")  # of our own interfaces: a class or a base says them
+
+
+def test_no_interface_of_ours_is_probed():
+    """Our own interfaces are classes (MemberAxis, PlacedMembers, CpuOnly, Callback):
+    nothing asks an object whether it happens to have one of their attributes."""
+    probe = re.compile(r"\b(?:getattr|hasattr)\([^,]+, \"(" + "|".join(PROTOCOL_ATTRIBUTES) + r")\"")
+    found = [f"{name}: {m.group(0)}" for name, path in modules().items() for m in probe.finditer(open(path).read())]
+    assert found == []
 
 
 def test_core_meets_member_groups_only_through_their_interface():

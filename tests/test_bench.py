@@ -17,7 +17,7 @@ from conftest import needs_bf16, trained_run
 def test_bench_runs_end_to_end_and_writes_json_and_png(tmp_path, capsys):
     out = str(tmp_path / "bench")
     assert bench.main(["--devices", "cpu", "cpu*2", "--epochs", "2", "--limit", "1024",
-                       "--num-workers", "0", "--out", out, "--quiet"]) == 0
+                       "--loader-workers", "0", "--out", out, "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "vs tutorial" in printed and "compute floor" in printed and "peak RSS" in printed
     with open(os.path.join(out, "bench.json")) as f:
@@ -181,7 +181,7 @@ def test_bench_runs_each_dtype_and_thread_count_in_its_own_process(tmp_path, cap
     child bench, the rows come back tagged and compared across the children."""
     out = str(tmp_path / "bench")
     assert bench.main(["--devices", "cpu", "--dtype", "float32", "bfloat16", "--omp-threads", "1", "2",
-                       "--epochs", "2", "--limit", "512", "--val-limit", "500", "--num-workers", "0", "--out", out,
+                       "--epochs", "2", "--limit", "512", "--val-limit", "500", "--loader-workers", "0", "--out", out,
                        "--quiet"]) == 0
     printed = capsys.readouterr().out
     with open(os.path.join(out, "bench.json")) as f:
@@ -209,7 +209,7 @@ def test_bench_of_a_zoo_model_times_gluoncv_s_loop_as_the_baseline(tmp_path, mon
     monkeypatch.setattr(tutorial_loop, "run", lambda *a, **k: built.append(k["model"]) or real(*a, **k))
     out = str(tmp_path / "bench")
     assert bench.main(["--devices", "cpu", "--model", "cifar_resnet20_v1", "--epochs", "2", "--limit", "256",
-                       "--val-limit", "500", "--batch-size", "128", "--num-workers", "0", "--out", out, "--quiet"]) == 0
+                       "--val-limit", "500", "--batch-size", "128", "--loader-workers", "0", "--out", out, "--quiet"]) == 0
     with open(os.path.join(out, "bench.json")) as f:
         report = json.load(f)
     assert built == ["cifar_resnet20_v1"] and report["tutorial"]["samples_per_s"] > 0
@@ -232,7 +232,7 @@ def test_bench_compares_augmentation_settings_on_the_same_spec(tmp_path, capsys)
 def test_time_to_accuracy_against_the_baseline_loop_with_the_same_recipe(tmp_path, capsys):
     out = str(tmp_path / "bench")
     assert bench.main(["--to-accuracy", "0.6", "--recipe", "lenet", "--devices", "cpu*2", "--limit", "2560",
-                       "--val-limit", "500", "--num-workers", "0", "--out", out, "--quiet"]) == 0
+                       "--val-limit", "500", "--loader-workers", "0", "--out", out, "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "time to val-acc 0.6 on cpu*2: lenet, recipe lenet" in printed
     report = json.load(open(os.path.join(out, "accuracy.json")))

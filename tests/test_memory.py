@@ -219,9 +219,9 @@ def test_pack_refuses_an_image_size_its_workers_cannot_hold_under_a_cap(tmp_path
     decoded, resized and encoded (3 x 1.1 GiB in colour), refused here before any is."""
     out = str(tmp_path / "rec")
     proc = run_capped(400 * MiB, [sys.executable, "-m", "gluon_gpu.pack", tiny_folder, out, "--image-size", "20000",
-                                  "--num-workers", "2", "--quiet"], capture_output=True, text=True, timeout=300)
+                                  "--processes", "2", "--quiet"], capture_output=True, text=True, timeout=300)
     assert table_exit("a run that cannot fit in memory", proc.returncode), proc.stderr[-2000:]
     line = proc.stderr.strip()
     assert len(line.splitlines()) == 1 and "packing images of 3x20000x20000 with 2 processes needs about" in line, line
-    assert "MiB free; pass a smaller --image-size, or fewer --num-workers" in line, line
+    assert "MiB free; pass a smaller --image-size, or fewer --processes" in line, line
     assert not os.path.exists(out)

@@ -75,7 +75,7 @@ def test_streamed_images_are_augmented_and_mixed_as_in_memory_ones(image_folder,
 
 def test_a_folder_packed_to_recordio_trains_exactly_as_the_folder(runs, fashion_folder, tmp_path, capsys):
     packed = str(tmp_path / "rec")
-    assert pack.main([fashion_folder, packed, "--num-workers", "2"]) == 0
+    assert pack.main([fashion_folder, packed, "--processes", "2"]) == 0
     said = capsys.readouterr().out
     assert "packed 1536 training and 512 validation images" in said and sys.executable in said
     from gluon_gpu.core.platform.memory import size_text
@@ -159,7 +159,7 @@ def damage(packed, case):
 def test_bad_recordio_is_one_line_naming_the_file_and_exit_2(case, tmp_path, capsys):
     root = make_image_folder(tmp_path / "f", per_class=(8, 3), size=16)
     packed = str(tmp_path / "rec")
-    assert pack.main([root, packed, "--quiet", "--num-workers", "0"]) == 0
+    assert pack.main([root, packed, "--quiet", "--processes", "0"]) == 0
     named = damage(packed, case)
     capsys.readouterr()
     code = train.main(["--dataset", "rec", "--data-dir", packed, "--devices", "cpu", "--epochs", "1", "--quiet",
@@ -247,7 +247,7 @@ def test_a_killed_pack_worker_ends_pack_in_one_line_and_leaves_no_files(fashion_
     """Pool.imap waited forever for the images the dead worker held."""
     out = str(tmp_path / "rec")
     proc = subprocess.Popen([sys.executable, "-m", "gluon_gpu.pack", fashion_folder, out, "--image-size", "1024",
-                             "--num-workers", "2", "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
+                             "--processes", "2", "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
     partial = os.path.join(out, "train.rec.partial")  # 1536 images of 1024x1024 to encode: the kill lands mid-way
     wait_for(lambda: os.path.exists(partial) and os.path.getsize(partial) > 0)

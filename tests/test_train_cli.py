@@ -81,7 +81,7 @@ def test_val_limit_validates_on_the_first_n_validation_samples(tmp_path, capsys,
 
 def test_loader_pipeline_trains_too(tmp_path):
     out = str(tmp_path / "r")
-    assert train.main(["--devices", "cpu*2", "--pipeline", "loader", "--num-workers", "0",
+    assert train.main(["--devices", "cpu*2", "--pipeline", "loader", "--loader-workers", "0",
                        "--out", out] + QUICK) == 0
     assert read_metrics(out)["epochs"][0]["val_acc"] > 0.65
 
@@ -282,3 +282,56 @@ def test_cli_as_a_real_process_prints_no_traceback(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "gluon_gpu.train: error: device spec 'gpu*2' asks for GPUs but this machine has none "
         "(or MXNet is the CPU wheel); use --devices cpu"]
+
+
+def test_train_parses_its_command_line_once(tmp_path, monkeypatch):
+    """A new run, a recipe's and a resumed one each parse the command line once: the
+    flags the user typed (which a recipe and --resume honour) come from that one parse."""
+    import argparse
+    calls, parse = [], argparse.ArgumentParser.parse_known_args
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.prog)
+        return parse(self, *args, **kwargs)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", counted)
+    base = ["--devices", "cpu", "--limit", "512", "--val-limit", "256", "--quiet"]
+    out = str(tmp_path / "run")
+    for flags in (base + ["--epochs", "1", "--out", out],
+                  base + ["--recipe", "lenet", "--epochs", "2", "--out", str(tmp_path / "recipe"), "--dry-run"],
+                  ["--resume", out, "--epochs", "2", "--quiet"]):
+        calls.clear()
+        assert train.main(flags) == 0, flags
+        assert len(calls) == 1, (flags, calls)
+    assert read_metrics(out)["epochs"][-1]["epoch"] == 2  # the resume took --epochs from that one parse
+
+
+def test_the_command_line_path_runs_in_process(tmp_path, capsys):
+    """``restart=True`` is the command line's path (it may re-execute itself for MXNet's
+    start-up variables; here they already hold, so it goes on in this process)."""
+    assert train.main(["--devices", "cpu", "--limit", "512", "--val-limit", "256", "--epochs", "1", "--quiet",
+                       "--out", str(tmp_path / "r"), "--dry-run"], restart=True) == 0
+    assert "dry run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("program, old, new, value", [
+    ("train", "--num-workers", "--loader-workers", "loader_workers"),
+    ("pack", "--num-workers", "--processes", "processes")])
+def test_a_renamed_flag_works_under_its_old_name_and_says_so(program, old, new, value, capsys):
+    """One meaning per word: "workers" are a job's (launch --num-workers, --kvstore dist_*);
+    train's DataLoader processes and pack's are named for what they are, and the old
+    spelling still works, with one warning line; both spellings at once are refused."""
+    from gluon_gpu.programs import pack
+    parser = {"train": train, "pack": pack}[program].build_parser()
+    given = ["in", "out"] if program == "pack" else []
+    assert getattr(parser.parse_args(given + [old, "3"]), value) == 3
+    assert capsys.readouterr().err.strip() == f"gluon_gpu.{program}: warning: {old} is deprecated: it is {new} now"
+    assert getattr(parser.parse_args(given + [new, "2"]), value) == 2
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit):
+        parser.parse_args(given + [old, "3", new, "2"])
+    assert f"{old} and {new} are both given: give one" in capsys.readouterr().err
+
+
+def test_a_run_saved_before_the_rename_resumes_with_its_loader_workers():
+    from gluon_gpu.programs.config import RunConfig
+    assert RunConfig.from_dict({"num_workers": 3}).loader_workers == 3

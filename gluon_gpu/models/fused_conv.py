@@ -25,6 +25,7 @@ import tempfile
 import mxnet as mx
 from mxnet.gluon import nn
 
+from ..core.platform.devices import CpuOnly
 from ..core.platform.environment import cpu_flags
 from ..core.platform.errors import UserError
 from ..core.platform.walk import descendants
@@ -145,7 +146,7 @@ def use_fused(mode, ctx):
         return False
 
 
-class ConvReluPool(nn.HybridBlock):
+class ConvReluPool(CpuOnly, nn.HybridBlock):
     """``Conv2D(channels, kernel, activation='relu')`` then ``MaxPool2D(2, 2)`` as one
     operator, with the Conv2D's parameters (``weight``, ``bias``; named ``conv<N>_``).
 

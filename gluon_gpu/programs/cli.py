@@ -1,12 +1,12 @@
 """What every command line shares: common flags, value checks, and turning UserError
 into one line on stderr with exit status 2."""
 import argparse
-import copy
 import functools
 import os
 import re
 import shlex
 import sys
+from typing import NamedTuple
 
 from ..core.platform.errors import ProcessDied, UserError
 from ..core.platform.signals import Stopped
@@ -88,32 +88,60 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"{self.tag}: error: {message} (see --help)\n")
 
+    def parse(self, args=None):
+        """The command line ``args`` (None: this process's), parsed once, as Flags."""
+        values = self.parse_args(args)
+        return Flags(values, self._typed)
+
     def parse_known_args(self, args=None, namespace=None):
-        self._refuse_repeats(sys.argv[1:] if args is None else list(args))
+        self._typed = self._scan(sys.argv[1:] if args is None else list(args))
         return super().parse_known_args(args, namespace)
 
-    def _refuse_repeats(self, args):
-        """A flag given twice (``--lr 0.1 ... --lr 0.2``, ``--hybridize ... --no-hybridize``)
-        is one line: argparse keeps the last silently. Flags that collect (``append``,
-        ``count``) may repeat; the scan ends at ``--`` or at a command this parser passes
-        on whole (``launch``'s)."""
-        seen, takes_value = {}, False
+    def _scan(self, args):
+        """The destinations of the flags in ``args``. A flag given twice (``--lr 0.1 ...
+        --lr 0.2``, ``--hybridize ... --no-hybridize``) is one line: argparse keeps the
+        last silently. Flags that collect (``append``, ``count``) may repeat; the scan
+        ends at ``--`` or at a command this parser passes on whole (``launch``'s)."""
+        seen, takes_value, typed = {}, False, set()
         passes_on = any(a.nargs == argparse.REMAINDER for a in self._actions if not a.option_strings)
         for arg in args:
             found = arg != "--" and self._parse_optional(arg)  # pylint: disable=protected-access
             if not found:  # "--", a flag's value, or a positional
                 if arg == "--" or (passes_on and not takes_value):
-                    return
+                    break
                 takes_value = False
                 continue
             action, option, _ = found
             takes_value = action is not None and action.nargs != 0 and "=" not in arg
+            typed.update([action.dest] if action is not None else [])
             if action is None or isinstance(action, (argparse._AppendAction, argparse._CountAction)):
                 continue
             if action in seen:
                 self.error(f"{option} is given twice: give it once" if option == seen[action] else
                            f"{seen[action]} and {option} are both given: give one")
             seen[action] = option
+        return frozenset(typed)
+
+
+class Flags(NamedTuple):
+    """A command line parsed once: its values, and the destinations the user typed."""
+    values: argparse.Namespace
+    typed: frozenset
+
+    def typed_values(self):
+        """``{destination: value}`` of the flags the user typed (not the defaults)."""
+        return {dest: getattr(self.values, dest) for dest in self.typed}
+
+
+class Renamed(argparse.Action):
+    """A flag with a new name: its old spelling (the last option string) still works and
+    says once, on stderr, that it is deprecated."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string == self.option_strings[-1]:
+            print(f"{getattr(parser, 'tag', parser.prog)}: warning: {option_string} is deprecated: it is "
+                  f"{self.option_strings[0]} now", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def positive_int(text):
@@ -225,14 +253,6 @@ def parse_args(p, argv=None, adjust=None):
     return args
 
 
-def explicit_flags(parser, argv):
-    """The destinations the user actually typed on ``parser``'s command line (not defaults)."""
-    probe = copy.deepcopy(parser)
-    for action in probe._actions:  # pylint: disable=protected-access
-        action.default = argparse.SUPPRESS
-    return vars(probe.parse_args(argv))
-
-
 def command(program, *args):
     """The shell command that runs gluon_gpu ``program`` with ``args`` in this very
     environment: this interpreter, by its path (the ``python`` on a user's PATH may be one
@@ -264,9 +284,9 @@ def main_guard(prog):
     checkpoints on them: programs/train.py)."""
     def decorate(main):
         @functools.wraps(main)
-        def run(argv=None):
+        def run(argv=None, **options):
             try:
-                return main(argv)
+                return main(argv, **options)
             except SystemExit as e:  # argparse: --help, or a bad flag already reported
                 return e.code
             except UserError as e:

@@ -16,7 +16,7 @@ from ..data.augment import augment_help
 from ..models.fused_conv import MODES
 from ..models.member_stack import LAYOUTS
 from ..models.zoo import MODELS, ZOO_EXAMPLES
-from .cli import as_flags, below_one, epoch_list, non_negative_float, non_negative_int, positive_float, \
+from .cli import Renamed, as_flags, below_one, epoch_list, non_negative_float, non_negative_int, positive_float, \
     positive_int, seed, thread_count
 
 OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
@@ -56,10 +56,11 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     bucket_mb: float = _flag(DEFAULT_BUCKET_MB, "several devices: gradients exchanged in contiguous buckets "
                              "of up to this many MiB, one kvstore key each; 0: one key per parameter",
                              True, type=non_negative_float)
-    num_workers: Optional[int] = _flag(None, "processes that read and decode batches (--pipeline loader) or decode "
-                                       "the images a run keeps in memory; 0: in the main process (default: the "
-                                       "cores this process may use, less one per CPU context)", True,
-                                       type=non_negative_int)
+    loader_workers: Optional[int] = _flag(None, "processes that read and decode batches (--pipeline loader) or "
+                                          "decode the images a run keeps in memory; 0: in the main process "
+                                          "(default: the cores this process may use, less one per CPU context; "
+                                          "--num-workers: its old name, deprecated)", True,
+                                          type=non_negative_int, old="--num-workers")
     # the data
     dataset: str = _flag("fashion-mnist", "; ".join(f"{name}: --data-dir is {kind.what}"
                                                     for name, kind in DATASETS.items()),
@@ -191,7 +192,7 @@ GROUPS = {"data": ("dataset", "data_dir", "image_size", "task", "limit", "val_li
           "distribution": ("devices", "kvstore", "bucket_mb"),
           "precision": ("dtype", "amp"),
           "ensembles and sweeps": ("ensemble", "ensemble_layout", "sweep", "sweep_random", "prune", "prune_warmup"),
-          "speed": ("pipeline", "num_workers", "fused_conv", "omp_threads", "engine_threads"),
+          "speed": ("pipeline", "loader_workers", "fused_conv", "omp_threads", "engine_threads"),
           "checkpoints": ("out", "save_period", "keep", "monitor", "early_stop"),
           "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
@@ -213,12 +214,15 @@ def add_flags(parser, names=ALL_FLAGS, many=(), defaults=None):
             parser.group(group)
     for name in names:
         f = by_name[name]
-        meta = {k: v for k, v in f.metadata.items() if k not in ("help", "resumable", "brief")}
+        meta = {k: v for k, v in f.metadata.items() if k not in ("help", "resumable", "brief", "old")}
         default = (defaults or {}).get(name, f.default if f.default is not MISSING else None)
         if name in many:
             meta["nargs"] = "+"
             default = None if default is None else [default]
         help_text = f.metadata["help"].replace("%", "%%")  # argparse %-formats help
-        parser.group(GROUP_OF[name]).add_argument(flag_name(name), dest=name, default=default, help=help_text, **meta)
+        spellings = [flag_name(name)] + ([f.metadata["old"]] if f.metadata.get("old") else [])
+        if len(spellings) > 1:
+            meta["action"] = Renamed
+        parser.group(GROUP_OF[name]).add_argument(*spellings, dest=name, default=default, help=help_text, **meta)
         if f.metadata["brief"] and parser.brief is not None:
             parser.brief[name] = None if f.metadata["brief"] is True else f.metadata["brief"]

@@ -8,7 +8,7 @@ OUT/train.rec, train.idx, val.rec, val.idx, and OUT/meta.json with the class nam
 Without --image-size every image must have the folder's one size, and JPEG and PNG
 files are stored as they are: the packed data trains exactly as the folder does. With
 it, each image is resized and stored as JPEG (--quality) or PNG (--encoding png).
-Images are decoded by --num-workers processes (default: every core this process may use).
+Images are decoded in --processes processes (default: every core this process may use).
 """
 import argparse
 import os
@@ -21,7 +21,7 @@ from ..core.platform.files import write_json
 from ..core.platform.memory import check_fits, size_text
 from ..data.folders import scan_folder
 from ..data.recordio import ENCODINGS, SPLITS, write_split
-from .cli import Parser, command, main_guard, non_negative_int, progress_enabled
+from .cli import Parser, Renamed, command, main_guard, non_negative_int, progress_enabled
 
 
 def build_parser():
@@ -32,8 +32,9 @@ def build_parser():
     p.add_argument("--encoding", default="auto", choices=ENCODINGS,
                    help="auto: JPEG and PNG files as they are when not resized, else JPEG; jpg; png")
     p.add_argument("--quality", type=_quality, default=95, help="JPEG quality, 1-100")
-    p.add_argument("--num-workers", type=non_negative_int, default=None,
-                   help="processes decoding and encoding images (0: this one; default: the usable cores)")
+    p.add_argument("--processes", "--num-workers", dest="processes", type=non_negative_int, default=None,
+                   action=Renamed, help="processes decoding and encoding images (0: this one; default: the usable "
+                                        "cores; --num-workers: its old name, deprecated)")
     p.add_argument("--overwrite", action="store_true", help="replace the RecordIO files OUT already holds")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -62,12 +63,12 @@ def main(argv=None):
         args.encoding = "jpg"  # resized images have no file to keep
     found = scan_folder(args.folder, args.image_size)
     _check_out(args.folder, args.out)
-    workers = usable_cpus() if args.num_workers is None else args.num_workers
+    workers = usable_cpus() if args.processes is None else args.processes
     processes = max(1, workers)  # 0 workers: this process encodes
     image = found.channels * found.size[0] * found.size[1]
     check_fits({"host": 3 * processes * image},  # each process's image: decoded, resized and encoded
                f"packing images of {found.channels}x{found.size[0]}x{found.size[1]} with {processes} "
-               f"process{'es' * (processes > 1)}", "pass a smaller --image-size, or fewer --num-workers")
+               f"process{'es' * (processes > 1)}", "pass a smaller --image-size, or fewer --processes")
     existing = [f"{split}.rec" for split in SPLITS if os.path.exists(os.path.join(args.out, f"{split}.rec"))]
     if existing and not args.overwrite:
         raise UserError(f"{args.out} already holds {existing[0]}: pass --overwrite to replace it")

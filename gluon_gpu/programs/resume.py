@@ -16,7 +16,6 @@ from ..core.state.checkpoint import checkpoints, complete_checkpoints, latest_ch
 from ..core.state.compat import upgrade_metric_state
 from ..core.step.params import last_line
 from ..models.loading import adapt_keys
-from .cli import explicit_flags
 from .config import EPOCH_SHAPED_LR, RESUMABLE, RunConfig, flag_name
 from .run_callbacks import early_stopping
 from .sweep import member_configs, member_count
@@ -31,16 +30,16 @@ def _differs(name, value, was):
     return f"{given} differs from the run's {was}"
 
 
-def resume_config(parser, argv, run_dir):
+def resume_config(typed, run_dir):
     """``(config, state)``: the saved configuration of ``run_dir``'s most advanced
-    checkpoint with the resumable flags of ``argv`` (``parser``'s) applied; other flags
-    must agree with it."""
+    checkpoint with the resumable flags the user ``typed`` (``{destination: value}``)
+    applied; other flags must agree with it."""
     _, state = latest_checkpoint(run_dir)
     if state is None:
         raise UserError(f"--resume {run_dir}: no complete checkpoint in {run_dir}/checkpoints")
     config = RunConfig.from_dict(state["config"])
     changes = {}
-    for name, value in explicit_flags(parser, argv).items():
+    for name, value in typed.items():
         if name in ("resume", "dry_run") or (name == "out" and value == run_dir):
             continue
         if name not in RESUMABLE and getattr(config, name) != value:
@@ -105,7 +104,7 @@ def resume_point(out, run, config, say, monitor):
     """Load the most advanced checkpoint that loads, skipping (one line each) any that
     does not; the ResumePoint to go on from, or None when the run already finished its
     epochs. ``say``: rank 0's run log (None on other workers)."""
-    chief = say is not None
+    chief = run.dp.rank == 0  # in a distributed job only rank 0 writes and prints
 
     def skip(directory, why):
         if chief:

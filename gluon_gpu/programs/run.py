@@ -139,7 +139,7 @@ def _pipelines(config, ctx, data, layout, sweep, inputs, shard, shared_pipes=Non
     pipeline, why = choose_pipeline(config.pipeline, sum(device_copy_bytes(x, y) for x, y in (
         (data.train_x, data.train_y), (data.val_x, data.val_y))), layout.train_ctx,
         device_only(members, shared), data.on_disk)
-    workers = default_workers(ctx) if config.num_workers is None else config.num_workers
+    workers = default_workers(ctx) if config.loader_workers is None else config.loader_workers
     pipes = shared_pipes or [make_pipeline(pipeline, x, y, config.batch_size, pipe_ctx, config.seed, shuffle=train,
                            num_workers=workers, members=members, shard=shard if train else (0, 1), seeds=seeds,
                            member_groups=layout.member_groups if train else None,

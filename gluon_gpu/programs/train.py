@@ -23,7 +23,7 @@ from ..models.fused_conv import is_fused
 from ..models.init import ensemble_engine_workers
 from ..models.member_stack import ensemble_variables
 from ..models.sync_bn import sync_bn_variables
-from .cli import Parser, as_flags, command, explicit_flags, main_guard, parse_args, progress_enabled
+from .cli import Parser, as_flags, command, main_guard, progress_enabled
 from .config import RunConfig, add_flags
 from .launch import RESTART_ENV
 from .plan import plan_line
@@ -94,14 +94,17 @@ class _KeepLastGood(Callback):
 
 
 @main_guard("gluon_gpu.train")
-def main(argv=None):
-    parser = build_parser()
-    args = parse_args(parser, argv)
+def main(argv=None, restart=None):
+    """Train as ``argv`` says (None: this process's command line). ``restart``: the
+    program may re-execute itself once to give MXNet the variables it reads at start
+    (default: on the command line only; a library caller gets an error saying what to set)."""
+    flags = build_parser().parse(argv)
+    args = flags.values
     if args.recipe == "list":
         print(recipe_table())
         return 0
-    config, state = _run_config(parser, args, argv)
-    _thread_settings(config, restart=argv is None)
+    config, state = _run_config(args, flags.typed_values())
+    _thread_settings(args, config, restart=argv is None if restart is None else restart)
     with devices(config.devices) as ctx:
         out = config.out if args.resume else prepare_out_dir(config.out)
         run = build_run(config, ctx, saved_spec=(state or {}).get("data"))  # checks batch, options, data first
@@ -129,31 +132,30 @@ def main(argv=None):
         return code
 
 
-def _run_config(parser, args, argv):
+def _run_config(args, typed):
     """``(the RunConfig, the resumed checkpoint's state or None)``: a resumed run's config
-    holds its recipe applied; a new one's recipe fills the flags not typed."""
+    holds its recipe applied; a new one's recipe fills the flags not ``typed``."""
     config = RunConfig.from_dict(vars(args))
     if os.environ.get(RESTART_ENV) and not args.resume:
         args.resume = restart_from(config.out)
-    typed = argv if argv is not None else sys.argv[1:]
     if args.resume:
-        return resume_config(parser, typed, args.resume)
-    return apply_recipe(config, explicit_flags(parser, typed)), None
+        return resume_config(typed, args.resume)
+    return apply_recipe(config, typed), None
 
 
-def _thread_settings(config, restart):
-    """MXNet reads these at start: the program re-executes itself with them (``restart``;
-    --sync-bn needs them; an ensemble only runs faster, so a library call goes on without)."""
-    extra, workers = {}, 0
+def _thread_settings(args, config, restart):
+    """The one place train brings MXNet's start-up variables into effect (it re-executes
+    itself once with them when ``restart``): --omp-threads and --engine-threads, and what
+    --sync-bn needs; an ensemble's only make it faster, so a library call goes on without."""
+    extra, engine_threads = {}, args.engine_threads
     if restart:
         members = member_count(config)
         extra.update(ensemble_variables(members, config.model, config.fused_conv))
         if not config.engine_threads:  # an ensemble on one CPU context: a worker per core
-            workers = ensemble_engine_workers(members, config.ensemble_layout, parse_devices(config.devices))
+            engine_threads = ensemble_engine_workers(members, config.ensemble_layout, parse_devices(config.devices))
     if config.sync_bn:
         extra.update(sync_bn_variables(config.engine_threads))
-    if extra or workers:
-        require_thread_settings(engine_threads=workers, restart=restart, extra=extra)
+    require_thread_settings(args.omp_threads, engine_threads, restart=restart, extra=extra)
 
 
 def _announce(config, run, ctx, out, dry_run):
@@ -180,12 +182,13 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
     loader worker (its partial epoch checkpointed) ends it with one line, exit 1, the
     status 'failed' with its reason, and the run resumable.
     ``say``: rank 0's run log, None on the other workers."""
+    chief = run.dp.rank == 0  # in a distributed job only rank 0 writes and prints
     dp, history = run.dp, start.history
     record = {"config": config.to_dict(), "data": run.data.spec.to_dict()}
     header = {**record, "devices": [str(c) for c in ctx], "workers": dp.num_workers,
               "fused_conv": is_fused(dp.net), "mxnet": mx.__version__, "gluon_gpu": __version__}
     callbacks = chief_callbacks(config, run, out, header, monitor, say, (start.epoch, start.batch) if resumed else None,
-                                history) if say else []
+                                history) if chief else []
     checkpointer = Checkpointer(out, dp, record, config, run.train.turns, run.ema)
     last_good = _KeepLastGood(dp.net, start.epoch)
     stop, before = StopFlag(), {}
@@ -203,7 +206,7 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
                 f"{'' if recorded else ' (metrics.json could not record the failure either)'}")
         print(line, file=sys.stderr)
         with contextlib.suppress(WriteError):  # the log may be on the disk that failed
-            if say:
+            if chief:
                 say.record(line)
         return 1
     finally:
@@ -219,7 +222,7 @@ def _resume_command(out):
 def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, progress, say, monitor):
     """Train to the end, or to a stop request (a checkpoint, exit 128 + signal), or to a
     NaN loss (the last good parameters kept)."""
-    history = start.history
+    history, chief = start.history, run.dp.rank == 0
     try:
         fit(run.dp, run.train, run.val, config.epochs, callbacks + [checkpointer, last_good],
             start.epoch, start.batch, config.log_interval, progress, history, stop, start.seconds)
@@ -228,12 +231,12 @@ def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, prog
         if e.cause is not None:  # a dead loader worker: _train says where to resume from
             raise e.cause
         _end(callbacks, history, "interrupted")
-        if say:
+        if chief:
             say(f"gluon_gpu.train: {signal.Signals(stop.signum).name}: stopped in epoch {e.epoch + 1} "
                 f"after batch {e.batch}; checkpoint {where}; resume with: {_resume_command(out)}", sys.stderr)
         return 128 + stop.signum
     except DivergedError as e:
-        if say:
+        if chief:
             last_good.snapshot.save(os.path.join(out, "net.params"))
         _end(callbacks, history, "diverged")
         kept = f"; last good checkpoint {checkpointer.last}" if checkpointer.last else ""
@@ -245,18 +248,18 @@ def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, prog
 
 def _finish(config, out, run, callbacks, checkpointer, history, say, monitor):
     """A run trained to its end or stopped early: its files and last lines."""
-    stopped_early = bool(history) and history[-1]["epoch"] < config.epochs
+    stopped_early, chief = bool(history) and history[-1]["epoch"] < config.epochs, run.dp.rank == 0
     if stopped_early:  # a checkpoint where it stopped: --resume then says so
         checkpointer.save(history[-1]["epoch"], 0, history)
-        if say:
+        if chief:
             stopper = next(cb for cb in callbacks if cb.stop_requested)
             say(f"early stop after epoch {history[-1]['epoch']}: {stopper.stalled(history)}")
-    if say:
+    if chief:
         save_parameters(run.dp.net, os.path.join(out, "net.params"))
         if run.ema is not None:
             save_arrays(run.ema.arrays(), os.path.join(out, run.ema.FILE))
     _end(callbacks, history, "early-stopped" if stopped_early else "finished")
-    if not say:
+    if not chief:
         return
     for line in filter(None, (cb.describe() for cb in callbacks)):
         say(line)

@@ -197,15 +197,19 @@ def split_batch(array, ctx):
     return [array[lo:hi].as_in_context(c) for (lo, hi), c in zip(shard_bounds(array.shape[0], len(ctx)), ctx)]
 
 
+class CpuOnly:
+    """A block whose kernels run on CPUs only; ``cpu_only``: the one line that says so."""
+
+    cpu_only = "this block has CPU kernels only"
+
+
 def check_cpu_only(net, ctx):
-    """A block with CPU-only kernels declares ``cpu_only`` (a one-line reason); refuse it
-    on other devices."""
+    """Refuse a network holding a CpuOnly block on other devices than CPUs."""
     if all(c.device_type == "cpu" for c in ctx):
         return
     for block in descendants(net):
-        reason = getattr(block, "cpu_only", None)
-        if reason:
-            raise UserError(reason)
+        if isinstance(block, CpuOnly):
+            raise UserError(block.cpu_only)
 
 
 def default_workers(ctx):

@@ -20,8 +20,11 @@ def upgrade_lenet_keys(arrays):
 
 def upgrade_config(values):
     """A saved run configuration: fields it predates take today's defaults, except the
-    ensemble layout, which was fused."""
-    return {"ensemble_layout": LAYOUT_BEFORE_0_3, **values}
+    ensemble layout, which was fused; ``num_workers`` is ``loader_workers`` since 0.9.3."""
+    values = {"ensemble_layout": LAYOUT_BEFORE_0_3, **values}
+    if "num_workers" in values:
+        values["loader_workers"] = values.pop("num_workers")
+    return values
 
 
 def upgrade_metric_state(metrics, width):

@@ -28,7 +28,7 @@ def bench_config(args):
     config = RunConfig(devices=args.devices[0], model=args.model, batch_size=args.batch_size, epochs=args.epochs,
                        dataset=args.dataset, data_dir=args.data_dir, image_size=args.image_size,
                        limit=args.limit, val_limit=args.val_limit, pipeline=args.pipeline[0],
-                       num_workers=args.num_workers, fused_conv=args.fused_conv[0], recipe=args.recipe, quiet=True)
+                       loader_workers=args.loader_workers, fused_conv=args.fused_conv[0], recipe=args.recipe, quiet=True)
     return apply_recipe(config, given=set())
 
 
@@ -58,7 +58,7 @@ def baseline(config, data, target, bar):
         curve.append(((curve[-1][0] if curve else 0.0) + seconds, accuracy))
         bar.update(1)
     tutorial_loop.run(data.train_x, data.train_y, data.val_x, data.val_y, ctx, config.epochs, config.batch_size,
-                      config.num_workers, on_epoch=on_epoch, model=config.model, classes=data.spec.outputs,
+                      config.loader_workers, on_epoch=on_epoch, model=config.model, classes=data.spec.outputs,
                       recipe=recipe)
     return curve
 

@@ -26,7 +26,7 @@ def time_ours(args, spec, bar, data, members=1, fused_conv=None, layout="auto", 
     ``flags``: other RunConfig values (a sweep's, or one of its configurations)."""
     ctx = parse_devices(spec)
     config = RunConfig(**{**dict(devices=spec, batch_size=args.batch_size, model=args.model, lr=args.lr,
-                                 pipeline=args.pipeline[0], num_workers=args.num_workers, quiet=True, ensemble=members,
+                                 pipeline=args.pipeline[0], loader_workers=args.loader_workers, quiet=True, ensemble=members,
                                  ensemble_layout=layout, fused_conv=fused_conv or args.fused_conv[0],
                                  bucket_mb=args.bucket_mb, limit=args.limit, dataset=args.dataset,
                                  data_dir=args.data_dir, image_size=args.image_size, dtype=args.dtype[0], amp=args.amp,
@@ -61,7 +61,7 @@ def time_tutorial(args, data, bar):
     for _ in range(args.repeats):
         mx.random.seed(0)
         seconds, acc = tutorial_loop.run(data.train_x, data.train_y, data.val_x, data.val_y, ctx, args.epochs,
-                                         args.batch_size, args.num_workers, on_epoch=lambda *_: bar.update(1),
+                                         args.batch_size, args.loader_workers, on_epoch=lambda *_: bar.update(1),
                                          model=model, classes=data.spec.outputs)
         runs.append({"seconds": seconds, "val_acc": acc})
     return runs
