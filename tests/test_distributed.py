@@ -1,4 +1,5 @@
 """Distributed training on MXNet's parameter-server kvstore, on loopback, and the launcher."""
+import json
 import os
 import random
 import shlex
@@ -315,6 +316,49 @@ def test_sigterm_to_the_launcher_checkpoints_the_partial_epoch_and_exits_143(tmp
     resumed = run_launch(["-n", "2", "--"] + LONG + ["--resume", out], uuid.uuid4().hex)
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
+    assert_same_params(params(os.path.join(out, "net.params")), straight_run)
+
+
+def mxjob_replicas(cmd, job, port):
+    """The replicas of an MXJob (1 scheduler, 1 server, 2 workers) started as the Kubeflow
+    training operator starts them: the same command in each, with the variables its
+    SetPodEnv gives (pkg/controller.v1/mxnet), plus GLUON_GPU_RESTART from the pod spec
+    (docs/distributed.md): no launcher."""
+    address = [{"url": "127.0.0.1", "port": port}]
+    cluster = {"scheduler": address, "server": address, "worker": address * 2}
+    replicas = []
+    for role, index in (("scheduler", 0), ("server", 0), ("worker", 0), ("worker", 1)):
+        env = {"MX_CONFIG": json.dumps({"cluster": cluster, "labels": {}, "task": {"type": role, "index": index}}),
+               "DMLC_PS_ROOT_PORT": str(port), "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": "1",
+               "DMLC_NUM_WORKER": "2", "DMLC_ROLE": role, "DMLC_USE_KUBERNETES": "1",
+               **({"DMLC_WORKER_ID": str(index)} if role == "worker" else {}), launch.RESTART_ENV: "1"}
+        replicas.append(subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, launch.JOB_ENV: job, **env},
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return replicas
+
+
+def test_mxjob_replicas_run_the_job_stop_on_sigterm_and_resume_when_restarted(tmp_path, straight_run):
+    """The Kubernetes contract: each role from the operator's variables alone (scheduler
+    and server: the same train command becomes that role and exits with the job); SIGTERM
+    to every pod (a deletion, an eviction) checkpoints the partial epoch; the same pods
+    started again resume from it and end exactly where the uninterrupted job ends."""
+    out, job = str(tmp_path / "run"), uuid.uuid4().hex
+    cmd = LONG + ["--out", out, "--log-interval", "10"]
+    replicas = mxjob_replicas(cmd, job, launch.free_port())
+    wait_until(lambda: checkpoint_exists(out, 1), replicas[2], "the epoch-1 checkpoint")  # epoch 2 is under way
+    for replica in replicas:
+        replica.send_signal(signal.SIGTERM)
+    ended = [replica.communicate(timeout=120) for replica in replicas]
+    assert [r.returncode for r in replicas] == [143] * 4, ended
+    assert sum(err.count("gluon_gpu.train: SIGTERM: stopped in epoch 2") for _, err in ended) == 1, ended
+    newest = sorted(os.listdir(os.path.join(out, "checkpoints")))[-1]
+    assert newest.startswith("epoch-00001-batch-") and not newest.endswith("-0000000"), newest
+    assert job_processes(job) == []
+    restarted = mxjob_replicas(cmd, job, launch.free_port())
+    ended = [replica.communicate(timeout=300) for replica in restarted]
+    assert [r.returncode for r in restarted] == [0] * 4, ended
+    assert f"resuming from {out}/checkpoints/{newest}" in ended[2][0] + ended[3][0]
+    assert read_metrics(out)["status"] == "finished"
     assert_same_params(params(os.path.join(out, "net.params")), straight_run)
 
 

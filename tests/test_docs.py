@@ -168,3 +168,35 @@ def test_every_row_of_the_failure_table_has_a_test_of_its_exit_status():
                 fault = node.args[0].value
                 checked.setdefault(row_for(fault, rows), []).append(os.path.basename(path))
     assert sorted(set(rows) - set(checked)) == [], "rows of the failure table no test checks"
+
+
+def test_the_kubernetes_manifests_carry_the_contract_the_tests_run():
+    """docs/distributed.md's manifests, which no cluster here runs: every role of the MXJob
+    and of the plain objects runs one train command that train accepts (--kvstore
+    dist_sync, --out), with GLUON_GPU_RESTART; the plain objects set the variables
+    test_distributed.mxjob_replicas starts each role with, naming their own role."""
+    import yaml
+    from gluon_gpu.programs import train
+    mxjob, plain = [list(yaml.safe_load_all(body)) for lang, body, _ in blocks("docs/distributed.md")
+                    if lang == "yaml"]
+    commands = []
+    for role, spec in mxjob[0]["spec"]["mxReplicaSpecs"].items():
+        container, = spec["template"]["spec"]["containers"]
+        assert container["name"] == "mxnet" and container["ports"][0]["name"] == "mxjob-port", role
+        assert {e["name"] for e in container["env"]} == {"GLUON_GPU_RESTART"}
+        commands.append(container["command"])
+    assert set(mxjob[0]["spec"]["mxReplicaSpecs"]) == {"Scheduler", "Server", "Worker"}
+    service, jobs = plain[0], plain[1:]
+    for job in jobs:
+        container, = job["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env == {"DMLC_ROLE": job["metadata"]["name"].split("-")[-1], "DMLC_PS_ROOT_URI": service["metadata"]["name"],
+                       "DMLC_PS_ROOT_PORT": str(service["spec"]["ports"][0]["port"]), "DMLC_NUM_SERVER": "1",
+                       "DMLC_NUM_WORKER": str(next(j for j in jobs if j["metadata"]["name"].endswith("worker"))
+                                              ["spec"]["parallelism"]),
+                       "DMLC_USE_KUBERNETES": "1", "GLUON_GPU_RESTART": "1"}, job["metadata"]["name"]
+        commands.append(container["command"])
+    assert sorted(j["metadata"]["name"].split("-")[-1] for j in jobs) == ["scheduler", "server", "worker"]
+    assert all(c == commands[0] for c in commands) and commands[0][0] == "gluon-gpu-train"
+    args = train.build_parser().parse_args(commands[0][1:])
+    assert args.kvstore == "dist_sync" and args.out.startswith("/runs/")
