@@ -28,13 +28,18 @@ data:
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist; } \
 	  || echo "warning: could not install dataset-fashion-mnist; pass --data-dir or let MXNet download" >&2
 
-# Debian's openssh-server, for the tests that run jobs across network-namespace hosts
-# (root only; elsewhere those tests are skipped and say why).
+# Debian's openssh-server, for the tests that run jobs across network-namespace hosts, and
+# Debian's slurm-wlm and munge, for the tests that run jobs in a Slurm cluster they start
+# on this machine (root only; elsewhere those tests are skipped and say why).
 hosts:
 	@[ -x /usr/sbin/sshd ] || [ "$$(id -u)" != 0 ] || { echo "make: installing Debian's openssh-server (apt-get, as root): the multi-host tests start jobs over ssh between network namespaces on this machine"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends openssh-server openssh-client >/dev/null; } \
 	  || echo "warning: could not install openssh-server; the multi-host tests will be skipped" >&2
+	@[ -x /usr/sbin/slurmd ] || [ "$$(id -u)" != 0 ] || { echo "make: installing Debian's slurm-wlm and munge (apt-get, as root): the Slurm tests start slurmctld, slurmd and munged on this machine and submit jobs with sbatch"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null; } \
+	  || echo "warning: could not install slurm-wlm and munge; the Slurm tests will be skipped" >&2
 
 train: install data
 	$(PY) -m gluon_gpu.train $(ARGS)

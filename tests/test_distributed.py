@@ -210,6 +210,23 @@ def test_launcher_usage_errors(tmp_path, capsys):
     assert "--port: must be a TCP port" in capsys.readouterr().err
 
 
+def test_slurm_mistakes_are_one_line_each(tmp_path, capsys, monkeypatch):
+    """--slurm outside an allocation, with --hostfile, or -n missing outside Slurm."""
+    for name in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    assert launch.main(["--slurm", "--", "true"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "gluon_gpu.launch: error: --slurm: not inside a Slurm allocation (no SLURM_JOB_ID and SLURM_JOB_NODELIST): "
+        "run it from sbatch or salloc"]
+    (tmp_path / "hosts").write_text("localhost\n")
+    assert launch.main(["--slurm", "--hostfile", str(tmp_path / "hosts"), "--", "true"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "gluon_gpu.launch: error: --slurm and --hostfile both name the hosts: give one"]
+    assert launch.main(["--", "true"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "gluon_gpu.launch: error: -n/--num-workers: how many workers (outside a Slurm allocation it has no default)"]
+
+
 def test_a_port_in_use_is_one_line_naming_it(capsys):
     import socket
     with socket.socket() as held:
@@ -332,8 +349,9 @@ def mxjob_replicas(cmd, job, port):
                "DMLC_PS_ROOT_PORT": str(port), "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": "1",
                "DMLC_NUM_WORKER": "2", "DMLC_ROLE": role, "DMLC_USE_KUBERNETES": "1",
                **({"DMLC_WORKER_ID": str(index)} if role == "worker" else {}), launch.RESTART_ENV: "1"}
-        replicas.append(subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, launch.JOB_ENV: job, **env},
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = {**os.environ, "PYTHONPATH": REPO, launch.JOB_ENV: job, **env}
+        replicas.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True))
     return replicas
 
 

@@ -190,7 +190,8 @@ def test_the_kubernetes_manifests_carry_the_contract_the_tests_run():
     for job in jobs:
         container, = job["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e["value"] for e in container["env"]}
-        assert env == {"DMLC_ROLE": job["metadata"]["name"].split("-")[-1], "DMLC_PS_ROOT_URI": service["metadata"]["name"],
+        assert env == {"DMLC_ROLE": job["metadata"]["name"].split("-")[-1],
+                       "DMLC_PS_ROOT_URI": service["metadata"]["name"],
                        "DMLC_PS_ROOT_PORT": str(service["spec"]["ports"][0]["port"]), "DMLC_NUM_SERVER": "1",
                        "DMLC_NUM_WORKER": str(next(j for j in jobs if j["metadata"]["name"].endswith("worker"))
                                               ["spec"]["parallelism"]),

@@ -7,7 +7,9 @@ ps-lite reads (role, root URI and port, server and worker counts). The scheduler
 servers are plain ``python -c 'import mxnet'``: MXNet runs a server loop on import when
 ``DMLC_ROLE`` is server or scheduler. Without ``--hostfile`` everything runs here on
 127.0.0.1; with one, servers and workers go round-robin over its hosts through ssh, as
-MXNet's own ``tools/launch.py`` does, and the scheduler runs here.
+MXNet's own ``tools/launch.py`` does, and the scheduler runs here. Inside a Slurm
+allocation (``--slurm``, the default where ``SLURM_JOB_ID`` is set) they go round-robin
+over the allocation's nodes through ``srun`` instead, ``-n`` defaulting to its task count.
 
 If any process dies, or the job outlives ``--timeout``, every other process is stopped
 (SIGTERM, then SIGKILL after ``--grace`` seconds), all are reaped, and the launcher exits
@@ -37,11 +39,13 @@ from .cli import Parser, main_guard, non_negative_int, positive_int
 
 JOB_ENV = "GLUON_GPU_JOB"  # marks every process of a job (tests look for leftovers by it)
 RESTART_ENV = "GLUON_GPU_RESTART"  # the restart's number, for the workers (programs/train.py)
+SESSION_SECONDS = 2  # for a remote role's session (ssh, srun) to end after its control line
 
 
 def build_parser():
     p = Parser("launch", description=__doc__)
-    p.add_argument("-n", "--num-workers", type=positive_int, required=True)
+    p.add_argument("-n", "--num-workers", type=positive_int, default=None,
+                   help="workers (required, but in a Slurm allocation: its task count, SLURM_NTASKS)")
     p.add_argument("-s", "--num-servers", type=positive_int, default=1)
     p.add_argument("--hostfile", help="one host per line ([user@]host[:ssh-port]); default: all local")
     p.add_argument("--scheduler-host", default=None,
@@ -55,6 +59,9 @@ def build_parser():
                    help="start a job whose process died again, up to N times; its workers resume "
                         "their --out from the newest complete checkpoint")
     p.add_argument("--ssh-config", help="ssh client configuration file for the hosts (ssh -F)")
+    p.add_argument("--slurm", action=argparse.BooleanOptionalAction, default=None,
+                   help="start servers and workers with srun on the nodes of this Slurm allocation "
+                        "(default: inside one, where SLURM_JOB_ID is set, and without --hostfile)")
     p.add_argument("--python", default=sys.executable, help="interpreter for the scheduler and servers")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the worker command")
     return p
@@ -96,13 +103,31 @@ def read_hostfile(path):
     return hosts
 
 
+def slurm_nodes():
+    """The nodes of this Slurm allocation (``scontrol show hostnames``)."""
+    listed = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not os.environ.get("SLURM_JOB_ID") or not listed:
+        raise UserError("--slurm: not inside a Slurm allocation (no SLURM_JOB_ID and SLURM_JOB_NODELIST): "
+                        "run it from sbatch or salloc")
+    try:
+        found = subprocess.run(["scontrol", "show", "hostnames", listed], capture_output=True, text=True)
+    except OSError as e:
+        raise UserError(f"--slurm: cannot run scontrol ({e.strerror}): is Slurm's client installed here?") from None
+    if found.returncode != 0 or not found.stdout.split():
+        raise UserError(f"--slurm: scontrol cannot list the nodes of {listed}: {found.stderr.strip()}")
+    return found.stdout.split()
+
+
 def plan(args, job, port, hosts=None, cwd=None, restart=0):
     """``[(role, index, host or None, argv, env)]`` for the scheduler, servers and workers."""
     root = "127.0.0.1" if not hosts else (args.scheduler_host or socket.gethostbyname(socket.gethostname()))
     base = {"DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
             "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
             JOB_ENV: job, **({RESTART_ENV: str(restart)} if restart else {})}
-    server_cmd = [args.python, "-c", "import mxnet"]
+    # Slurm signals every process of a job it cancels: the scheduler and servers wait for
+    # the workers to finish (a checkpoint) instead, and end with them.
+    server_cmd = [args.python, "-c", ("import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                      if args.slurm else "") + "import mxnet"]
     # Each role listens on the address it advertises (DMLC_NODE_HOST, else its first
     # non-loopback interface's): local roles on loopback only.
     procs = [("scheduler", 0, None, server_cmd, {**base, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": root})]
@@ -110,8 +135,8 @@ def plan(args, job, port, hosts=None, cwd=None, restart=0):
         for i in range(count):
             host = hosts[i % len(hosts)] if hosts else None
             env = {**base, "DMLC_ROLE": role, **({} if host else {"DMLC_NODE_HOST": "127.0.0.1"})}
-            argv = cmd if host is None else ssh_command(host, env, cmd, cwd or os.getcwd(), args.python,
-                                                        args.ssh_config)
+            remote = srun_command if args.slurm else ssh_command
+            argv = cmd if host is None else remote(host, env, cmd, cwd or os.getcwd(), args.python, args.ssh_config)
             procs.append((role, i, host, argv, env))
     return procs
 
@@ -125,6 +150,16 @@ def ssh_command(host, env, cmd, cwd, python, ssh_config=None):
     remote = f"cd {shlex.quote(cwd)} && exec env {exports} {' '.join(shlex.quote(c) for c in wrapped)}"
     return ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes"] + \
         (["-F", ssh_config] if ssh_config else []) + (["-p", port] if port else []) + [target, remote]
+
+
+def srun_command(node, env, cmd, cwd, python, _ssh_config=None):
+    """The srun line that runs ``cmd`` with ``env`` in ``cwd`` as one task on ``node`` of
+    this allocation, under the remote wrapper, whose stdin srun carries (signals, and its
+    end: the task's whole process group killed). ``--overlap``: the roles share the
+    allocation's CPUs, as they share a host's."""
+    exports = [f"{k}={v}" for k, v in sorted(env.items())]
+    return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}", f"--chdir={cwd}", "--quiet",
+            "--kill-on-bad-exit=1", "env"] + exports + [python, "-c", remote_role.SOURCE] + list(cmd)
 
 
 class CannotStart(Exception):
@@ -158,9 +193,14 @@ class Role:
         else:
             remote_role.signal_group(self.popen.pid, signal.SIGTERM)
 
-    def kill(self):
-        if self.remote:  # the end of the control line: the wrapper kills the remote group
+    def end_control(self):
+        """Remote: end the control line, on which the wrapper kills the role's group and
+        exits, ending its session (an srun step ends cleanly, not at Slurm's KillWait)."""
+        if self.remote:
             self._control(None)
+
+    def kill(self):
+        self.end_control()
         remote_role.signal_group(self.popen.pid)
 
     def _control(self, text):
@@ -223,11 +263,16 @@ class Job:
             time.sleep(0.1)
 
     def stop_all(self, grace):
-        """SIGTERM every process still running, SIGKILL after ``grace`` s, reap all."""
+        """SIGTERM every process still running, SIGKILL after ``grace`` s for the workers
+        (which may be writing a checkpoint), at once for the scheduler and servers (which
+        only serve workers, and under Slurm ignore SIGTERM to outlast them), reap all."""
         for r in self.roles:
             if r.poll() is None:
                 r.terminate()
-        self._wait(self.roles, grace)
+        self._wait(self.workers(), grace)
+        for r in self.roles:
+            r.end_control()
+        self._wait([r for r in self.roles if r.remote], SESSION_SECONDS)
         for r in self.roles:
             r.kill()  # the group too: helpers of an exited leader
         for r in self.roles:
@@ -240,6 +285,25 @@ def _describe(code):
     return f"exited with status {code}"
 
 
+def _hosts(args):
+    """The hosts the roles go to (None: here), from --hostfile or the Slurm allocation,
+    which also gives the worker count when -n is not."""
+    if args.slurm is None:
+        args.slurm = bool(os.environ.get("SLURM_JOB_ID")) and not args.hostfile
+    if args.slurm and args.hostfile:
+        raise UserError("--slurm and --hostfile both name the hosts: give one")
+    hosts = read_hostfile(args.hostfile) if args.hostfile else slurm_nodes() if args.slurm else None
+    if args.slurm and args.num_workers is None:
+        args.num_workers = int(os.environ.get("SLURM_NTASKS") or len(hosts))
+    if args.num_workers is None:
+        raise UserError("-n/--num-workers: how many workers (outside a Slurm allocation it has no default)")
+    if args.slurm:
+        print(f"gluon_gpu.launch: Slurm job {os.environ['SLURM_JOB_ID']}: {args.num_servers} server(s) and "
+              f"{args.num_workers} worker(s) over {', '.join(hosts)} through srun; the scheduler here",
+              file=sys.stderr, flush=True)
+    return hosts
+
+
 @main_guard("gluon_gpu.launch")
 def main(argv=None):
     args = build_parser().parse_args(argv)
@@ -247,7 +311,7 @@ def main(argv=None):
         args.command = args.command[1:]
     if not args.command:
         raise UserError("no worker command: put it after --")
-    hosts = read_hostfile(args.hostfile) if args.hostfile else None
+    hosts = _hosts(args)
     if args.port:
         check_port(args.port)
     job_id = os.environ.get(JOB_ENV) or uuid.uuid4().hex  # a caller may name the job

@@ -4,8 +4,10 @@ ssh does not pass signals on, and a remote process outlives a dropped session. S
 launcher runs every remote role as ``python -c SOURCE COMMAND...`` and keeps the ssh
 session's stdin as a control line: "SIGTERM" or "SIGINT" on it is sent to the role, and
 its end (the launcher closed it, or died, or the connection broke) kills the role's whole
-process group. The role itself dies with this wrapper (PR_SET_PDEATHSIG). Standard
-library only: it runs before anything of the job is imported, on any host.
+process group. The role itself dies with this wrapper (PR_SET_PDEATHSIG). A stop signal
+sent to the wrapper itself (Slurm signals every process of a step) is passed on to the
+role, which decides. Standard library only: it runs before anything of the job is
+imported, on any host.
 """
 import ctypes
 import os
@@ -32,14 +34,18 @@ def signal_group(pid, signum=signal.SIGKILL):
         pass
 
 
+def _send(child, signum):
+    try:
+        os.kill(child.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
 def _obey(control, child):
     for line in control:
         name = line.strip()
         if name in CONTROL:
-            try:
-                os.kill(child.pid, getattr(signal, name))
-            except ProcessLookupError:
-                pass
+            _send(child, getattr(signal, name))
     signal_group(child.pid)  # the session is gone: so is the job
 
 
@@ -50,6 +56,8 @@ def run(command):
     except OSError as e:
         print(f"gluon_gpu.launch: cannot start {command[0]} on this host: {e.strerror or e}", file=sys.stderr)
         return 127
+    for name in CONTROL:  # to the role, which stops as it does (the wrapper waits for it)
+        signal.signal(getattr(signal, name), lambda signum, _frame: _send(child, signum))
     threading.Thread(target=_obey, args=(sys.stdin, child), daemon=True).start()
     code = child.wait()
     signal_group(child.pid)  # helpers the role left behind
