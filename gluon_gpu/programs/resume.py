@@ -76,9 +76,9 @@ class Checkpointer(Callback):
         at the same steps) and return its directory. ``batch`` counts global batches of
         this many workers: a resume with another worker count converts it. ``shared``:
         members spread over the workers were shared since the last step."""
-        if self.dp.spread and not shared:  # members spread over the workers: rank 0 gets them all
-            self.dp.spread.share()
-        metrics = self.dp.workers.sum_metric_state(self.dp.sums.state())  # synchronous workers: over all
+        if not shared:  # members spread over the workers: rank 0 gets them all
+            self.dp.share_members()
+        metrics = self.dp.metric_state()  # synchronous workers: over all
         if not self.chief:
             return None
         state = {"epoch": epoch, "batch": batch, "workers": data_workers(self.dp), "turns": self.turns,
@@ -157,7 +157,7 @@ def _load(directory, state, run, config):
         if run.ema is not None:  # its average goes on from the checkpoint's
             run.ema.load(os.path.join(directory, run.ema.FILE))
         if dp.rank == 0:  # rank 0 holds the job's sums; the other workers start from zero
-            dp.sums.load_state(upgrade_metric_state(state["metrics"], dp.sums.width))
+            dp.load_metric_state(upgrade_metric_state(state["metrics"], dp.metric_width))
     except (UserError, mx.base.MXNetError, pickle.UnpicklingError, EOFError, KeyError, TypeError,
             ValueError, IndexError, AssertionError) as e:
         return last_line(e)

@@ -38,7 +38,7 @@ class StopFlag:
     def confirm(self, dp, sync_point):
         """True once the loop is to stop after the current step."""
         if not self.confirmed and not dp.pending_batches:  # between updates: a checkpoint holds no half sum
-            agreed = dp.workers.agree_to_stop(self.signum, sync_point)
+            agreed = dp.agree_to_stop(self.signum, sync_point)
             if agreed:
                 self.signum, self.confirmed = self.signum or agreed, True
         return self.confirmed
@@ -102,7 +102,7 @@ def _show_running(dp, bar, batches_done, callbacks, position):
 
 def _check_finite(dp, epoch, batches, done):
     """DivergedError naming the step of a NaN/inf loss since batch ``done`` (the last check)."""
-    bad = dp.sums.first_nonfinite()
+    bad = dp.first_nonfinite()
     if bad:
         batch = done + bad
         raise DivergedError(f"loss became NaN/inf at step {epoch * batches + batch} (epoch {epoch + 1}, batch {batch})")
@@ -154,8 +154,7 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
     is also returned.
     """
     history = [] if history is None else history
-    if dp.spread:  # members spread over the workers: which ones a resumed sweep pruned
-        dp.spread.agree_stopped()
+    dp.agree_stopped_members()  # members spread over the workers: which ones a resumed sweep pruned
     for epoch in range(start_epoch, epochs):
         first = epoch == start_epoch
         train = train_epoch(dp, train_pipeline, epoch, log_interval, progress, start_batch if first else 0, stop,
@@ -163,9 +162,8 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
         history.append(_end_epoch(dp, val_pipeline, epoch, train))
         for cb in callbacks:
             cb.on_epoch_end(history[-1], history)
-        if dp.spread:  # the members rank 0's callbacks pruned stop on every worker
-            dp.spread.agree_stopped()
-        if dp.workers.any(any(cb.stop_requested for cb in callbacks)):
+        dp.agree_stopped_members()  # the members rank 0's callbacks pruned stop on every worker
+        if dp.any_worker(any(cb.stop_requested for cb in callbacks)):
             break  # early stopping: rank 0 decided, every worker follows
         if stop is not None and stop.confirmed and epoch + 1 < epochs:
             raise Interrupted(epoch + 1, 0, 0.0)
@@ -174,11 +172,10 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
 
 def _end_epoch(dp, val_pipeline, epoch, train):
     """Validate (rank 0) and check the epoch; its record."""
-    if dp.spread:  # every member from the worker that trains it, for rank 0 to validate and save
-        dp.spread.share()
+    dp.share_members()  # every member from the worker that trains it, for rank 0 to validate and save
     val = validate(dp, val_pipeline) if dp.rank == 0 else {}
     wrong = _diverged(dp.head, {"train_loss": train["loss"], **val})  # the train loss: over all workers
-    if dp.workers.any(wrong is not None):
+    if dp.any_worker(wrong is not None):
         raise DivergedError(f"{wrong or 'the validation figures diverged'} in epoch {epoch + 1}")
     record = epoch_record(epoch, train, val, dp.trainer.learning_rate)
     if dp.num_workers > 1:

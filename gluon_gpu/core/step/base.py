@@ -22,14 +22,17 @@ from .training_inputs import TrainingInputs
 class Step:  # pylint: disable=too-many-instance-attributes
     """A network, its ``gluon.Trainer`` and the devices it trains on.
 
-    The interface loops and programs use: ``step``, ``read_metrics``, ``evaluate``, and
-    ``net``, ``ctx`` (its devices), ``trainer``, ``head`` and ``names`` (its metrics),
-    ``precision``, ``is_np`` (the network's MXNet API), ``members`` (an ensemble's K),
-    ``accumulate``, ``pending_batches`` (steps whose gradients wait for an update),
-    ``sums`` (the metric sums a checkpoint keeps), ``workers``, ``rank`` and
-    ``num_workers`` (a distributed job's), ``spread`` (members spread over its workers,
-    else None), ``owner`` (the PlacedMembers whose members stay where it put them, else
-    None), ``buckets``/``bucketing``, ``inputs`` and ``transform``.
+    The interface loops and programs use: ``step``, ``read_metrics``, ``evaluate``; the
+    metric sums a checkpoint keeps (``metric_state``, ``load_metric_state``,
+    ``metric_width``, ``first_nonfinite``); what a job's workers agree on
+    (``agree_to_stop``, ``any_worker``, ``share_members``, ``agree_stopped_members``);
+    and ``net``, ``ctx`` (its devices), ``trainer``, ``head`` and ``names`` (its
+    metrics), ``precision``, ``is_np`` (the network's MXNet API), ``members`` (an
+    ensemble's K), ``accumulate``, ``pending_batches`` (steps whose gradients wait for
+    an update), ``rank``, ``num_workers`` and ``distributed`` (a job's), ``spread``
+    (members spread over its workers, else None), ``owner`` (the PlacedMembers whose
+    members stay where it put them, else None), ``buckets``/``bucketing``, ``inputs``
+    and ``transform``.
 
     ``head``: a Head or 'classify'/'regress' (default: classification; placed members: a list, one each).
     ``optimizer_params``: a dict (placed members: or a list, one each). ``transform``: a HybridBlock run on
@@ -61,20 +64,20 @@ class Step:  # pylint: disable=too-many-instance-attributes
         kvstore = store.type if store else (kvstore or default_kvstore(self.ctx))
         check_exchange(self.ctx, kvstore, self.owner is not None, clip_grad, exchange)
         self.distributed = kvstore.startswith("dist")
-        self.workers = Workers((store or mx.kv.create(kvstore)) if self.distributed else None)
-        self.rank, self.num_workers = self.workers.rank, self.workers.count
+        self._workers = Workers((store or mx.kv.create(kvstore)) if self.distributed else None)
+        self.rank, self.num_workers = self._workers.rank, self._workers.count
         self.bucketing = exchange and not self.distributed and self._can_bucket(bucket_bytes)
         params = self.precision.optimizer_params(optimizer_params)
         # Every device updates its own replica from the summed gradients (dist_async can
         # only update on the servers); with buckets the Trainer has no kvstore of its own.
-        through = (self.workers.store or kvstore) if self._trainer_exchanges(exchange) else None
+        through = (self._workers.store or kvstore) if self._trainer_exchanges(exchange) else None
         self.trainer = trainer_for(net, optimizer, params, through,
                                    update_on_kvstore=None if kvstore == "dist_async" else False)
         init_loss_scaling(self.precision, self.trainer)  # AMP needs update_on_kvstore=False, as here
         self.gradients = Gradients(net, self.ctx, self.trainer, kvstore, self.bucketing, bucket_bytes,
                                    self.is_np, self.owner)
-        self.sums = DeviceSums(self.ctx, (1 + len(self.names)) * self.members, self.members)
-        self.spread = self.workers.start(self.trainer, self.is_np, self.sums.width, len(self.ctx),
+        self._sums = DeviceSums(self.ctx, (1 + len(self.names)) * self.members, self.members)
+        self.spread = self._workers.start(self.trainer, self.is_np, self._sums.width, len(self.ctx),
                                          self.owner) if self.distributed else None
         self._graphs = {}
 
@@ -134,12 +137,47 @@ class Step:  # pylint: disable=too-many-instance-attributes
     def read_metrics(self, reset=True):
         """``{'loss', <metric>..., 'samples'}`` means since the last reset, over all workers:
         the one host sync. Ensembles: means over members, and ``member_<name>`` lists."""
-        vector, samples = self.sums.total(), self.sums.seen
-        if self.workers.sync:
-            vector, samples = self.workers.sum_metrics(vector, self._summed_samples())
+        vector, samples = self._sums.total(), self._sums.seen
+        if self._workers.sync:
+            vector, samples = self._workers.sum_metrics(vector, self._summed_samples())
         if reset:
-            self.sums.reset()
+            self._sums.reset()
         return report(vector, samples, self.names, self.members)
+
+    @property
+    def metric_width(self):
+        """The length of a device's metric sums (a checkpoint's, to upgrade older ones to)."""
+        return self._sums.width
+
+    def metric_state(self):
+        """The metric sums since the last read, over a synchronous job's workers: what a
+        checkpoint of a partial epoch keeps."""
+        return self._workers.sum_metric_state(self._sums.state())
+
+    def load_metric_state(self, state):
+        self._sums.load_state(state)
+
+    def first_nonfinite(self):
+        """The 1-based step since the last read whose loss was NaN/inf, or None."""
+        return self._sums.first_nonfinite()
+
+    def agree_to_stop(self, signum, sync_point):
+        """The stop signal any worker was asked for, once all agree (coordination.py)."""
+        return self._workers.agree_to_stop(signum, sync_point)
+
+    def any_worker(self, flag):
+        """Whether ``flag`` is true on any worker of the job (this process alone: itself)."""
+        return self._workers.any(flag)
+
+    def share_members(self):
+        """Members spread over the workers: each from the worker that trains it, to all."""
+        if self.spread:
+            self.spread.share()
+
+    def agree_stopped_members(self):
+        """Members spread over the workers: the ones any worker stopped, stopped on all."""
+        if self.spread:
+            self.spread.agree_stopped()
 
     def _summed_samples(self):
         """What a synchronous job sums with the metrics: samples seen (a strategy's count)."""
@@ -148,7 +186,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
     def evaluate(self, batches):
         """``{'loss', <metric>..., 'samples'}`` over an iterable of batches. An ensemble
         reports its combined output (the head's ``combine``) and ``member_<name>`` lists."""
-        width = self.sums.width + (1 + len(self.names)) * (self.members > 1)
+        width = self._sums.width + (1 + len(self.names)) * (self.members > 1)
         totals, samples = [nd.zeros((width,), ctx=c) for c in self.ctx], 0
         with semantics(self.is_np):
             for data, label in batches:
@@ -157,9 +195,9 @@ class Step:  # pylint: disable=too-many-instance-attributes
                     totals[i] += self._run(x, y, training=False)
                 samples += sum(x.shape[0] for x in xs)
         vector = sum(t.asnumpy() for t in totals)
-        result = report(vector[:self.sums.width], samples, self.names, self.members)
+        result = report(vector[:self._sums.width], samples, self.names, self.members)
         if self.members > 1:
-            result.update(report(vector[self.sums.width:], samples, self.names, 1))
+            result.update(report(vector[self._sums.width:], samples, self.names, 1))
         return result
 
     def _run(self, x, y, training, group=None, extras=(), mixed=False):  # legacy outputs whatever the model's API

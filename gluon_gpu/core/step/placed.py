@@ -58,7 +58,7 @@ class PlacedStep(Step):
             if self.pending_batches >= self.accumulate or flush:
                 self._update()
         members = self.owner.members_of(active)
-        self.sums.add([outs[g][1] if g in outs else None for g in range(len(xs))], batch_size, members)
+        self._sums.add([outs[g][1] if g in outs else None for g in range(len(xs))], batch_size, members)
         return self._mean_loss(outs.values(), batch_size, len(members)) if return_loss else None
 
     def _update(self):
@@ -73,7 +73,7 @@ class PlacedStep(Step):
             self.gradients.zero(self.ctx)
 
     def _summed_samples(self):
-        return self.sums.seen
+        return self._sums.seen
 
     def _graph_version(self):
         return self.owner.stopped  # a member stopped: its group's graphs are rebuilt without it

@@ -50,14 +50,14 @@ class ReplicatedStep(Step):
             self._pending_samples += batch_size
             if self.pending_batches >= self.accumulate or flush:
                 self._update()
-        self.sums.add([outs[d][1] if d in outs else None for d in range(len(xs))], batch_size,
+        self._sums.add([outs[d][1] if d in outs else None for d in range(len(xs))], batch_size,
                       list(range(self.members)))
         return self._mean_loss(outs.values(), batch_size, self.members) if return_loss else None
 
     def _update(self):
         """Exchange, clip, update every replica and (accumulating) zero the sums.
         Synchronous workers receive the sum over all workers: divided by all samples."""
-        scale = self._take_pending() * (self.num_workers if self.workers.sync else 1)
+        scale = self._take_pending() * (self.num_workers if self._workers.sync else 1)
         if self.trainer._update_on_kvstore:  # pylint: disable=protected-access
             self.trainer.step(scale)  # dist_async: the servers update
             return
@@ -70,7 +70,7 @@ class ReplicatedStep(Step):
             self.gradients.zero(self.ctx)
 
     def _summed_samples(self):
-        return self.sums.samples
+        return self._sums.samples
 
     def _graph_block(self, group, shape):
         return GraphBlock(self.net, self.head, self.members)
