@@ -55,7 +55,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     the benchmark's baseline without the gradient exchange; ``pipelines``: another run's
     ``(train, val)`` to share (the benchmark's, so its data is decoded and held once)."""
     sweep = _check_config(config, ctx, model)
-    members = len(sweep) or config.ensemble
+    members = _members(config, sweep)
     data = data or load_dataset(config.dataset, config.data_dir, config.image_size, config.task, config.limit,
                                 config.val_limit, decoded=False)  # decoded below if the device pipeline keeps it
     spec = data.spec
@@ -82,6 +82,11 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
                WeightAverage(dp, config.ema, pipes[1]) if config.ema else None, sweep)
 
 
+def _members(config, sweep):
+    """The members a run trains at once (sweep.member_count, from its parsed ``sweep``)."""
+    return len(sweep) or config.ensemble
+
+
 def _check_config(config, ctx, model):
     """Refuse what ``config`` cannot run before any data is read; its sweep's members."""
     check_batch(config.batch_size, ctx)
@@ -91,7 +96,7 @@ def _check_config(config, ctx, model):
         check_model_name(config.model)
     sweep = member_configs(config)
     check_sweep(config, sweep)
-    members = len(sweep) or config.ensemble
+    members = _members(config, sweep)
     if config.sync_bn and members > 1 and config.ensemble_layout != "fused":
         raise UserError(f"`sync_bn`: with `ensemble_layout` {config.ensemble_layout} every member trains on whole "
                         "batches on one device, so its BatchNorm has nothing to synchronize; leave `sync_bn` out")
@@ -104,7 +109,7 @@ def _check_config(config, ctx, model):
 
 def _network(config, ctx, model, data, spec, sweep, spread):
     """The network (``model``, else ``config.model``) made and initialized on ``ctx``."""
-    members = len(sweep) or config.ensemble
+    members = _members(config, sweep)
     net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, members,
                      config.fused_conv, config.ensemble_layout, config.hybridize,
                      min(config.batch_size, len(data.train_y)),  # the largest batch the data makes
@@ -134,7 +139,7 @@ def _training_inputs(config, sweep, spec, members):
 def _pipelines(config, ctx, data, layout, sweep, inputs, shard, shared_pipes=None):
     """``((train, val) pipelines, their description for the plan line)``; ``shared_pipes``:
     another run's, used instead."""
-    members, seeds = len(sweep) or config.ensemble, [m.seed for m in sweep] or None
+    members, seeds = _members(config, sweep), [m.seed for m in sweep] or None
     shared = shared_batches(members, member_seeds(config.seed, members, seeds), inputs.mixing)  # one read for all
     pipeline, why = choose_pipeline(config.pipeline, sum(device_copy_bytes(x, y) for x, y in (
         (data.train_x, data.train_y), (data.val_x, data.val_y))), layout.train_ctx,
@@ -155,7 +160,7 @@ def _step(config, ctx, net, store, spec, sweep, inputs, exchange, train, spread)
     """The DataParallel step. A sweep: each member its own optimizer and loss; members
     ``spread`` over workers: their own optimizers (update counts by parameter, whatever
     the device: core/step/member_optimizer.py)."""
-    members = len(sweep) or config.ensemble
+    members = _members(config, sweep)
     updates_per_epoch = -(-len(train) // train.turns // config.accumulate)  # each member's, in turns too
     params = per_member(sweep or [config] * members, lambda m: optimizer_params(m, updates_per_epoch)) \
         if sweep or spread else optimizer_params(config, updates_per_epoch)
