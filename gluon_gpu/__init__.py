@@ -16,6 +16,7 @@ from .core.platform import environment
 from .core.state.version import __version__  # noqa: F401  (gluon_gpu.__version__)
 
 _API = {"devices": "core.platform.devices", "parse_devices": "core.platform.devices", "DataParallel": "core.step.parallel",
+        "Batch": "core.step.batch",
         "Head": "core.step.heads", "Classification": "core.step.heads", "Regression": "core.step.heads",
         "UserError": "core.platform.errors", "ensemble": "models", "get_model": "models", "load_model": "models"}
 __all__ = list(_API)

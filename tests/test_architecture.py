@@ -142,3 +142,9 @@ def test_core_meets_member_groups_only_through_their_interface():
         if name.startswith("gluon_gpu.core."):
             text = open(path).read()
             assert "places_itself" not in text and "getattr(net, \"groups\"" not in text, name
+
+
+def test_a_batch_is_read_by_name():
+    """The loop hands the step a Batch's fields by name, never a tuple spread by length."""
+    spread = [name for name, path in modules().items() if re.search(r"\.step\(\*", open(path).read())]
+    assert spread == []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mxnet import gluon, nd
 
-from gluon_gpu import DataParallel
+from gluon_gpu import Batch, DataParallel
 from gluon_gpu.core.step.graph import make_step_graph
 from gluon_gpu.core.step.heads import Classification
 from gluon_gpu.core.step.precision import precision_for
@@ -97,6 +97,21 @@ def test_device_and_loader_pipelines_pair_the_same_samples(train_slice):
     loader = pairs(([b[0]], [b[1]], None, [b[3]]) for b in LoaderPipeline(
         gluon.data.ArrayDataset(x, y.astype(np.float32)), 64, seed=2, mixing=mixing).epoch(1))
     assert one == two == loader and len(one) == len(set(map(bytes, x)))
+
+
+def test_pipelines_yield_batches_by_name_and_a_plain_one_unpacks_as_a_pair(train_slice):
+    x, y = (a[:256] for a in train_slice)
+    mixing = Mixing("mixup", 0.4, (1, 28, 28))
+    dataset = gluon.data.ArrayDataset(x, y.astype(np.float32))
+    for pipeline in (DevicePipeline(x, y, 64, TWO), LoaderPipeline(dataset, 64)):
+        batch = next(iter(pipeline.epoch(0)))
+        data, label = batch  # a user loop's `for x, y in pipeline.epoch(e)`
+        assert isinstance(batch, Batch) and (data, label) == (batch.data, batch.label)
+        assert batch.augmentation is None and batch.mixing is None
+    for pipeline in (DevicePipeline(x, y, 64, TWO, seed=2, mixing=mixing),
+                     LoaderPipeline(dataset, 64, seed=2, mixing=mixing)):
+        batch = next(iter(pipeline.epoch(1)))
+        assert len(batch) == 4 and batch.augmentation is None and batch.mixing is batch[3] is not None
 
 
 def test_mixed_training_on_two_devices_matches_one_device(train_slice):

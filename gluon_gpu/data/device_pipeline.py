@@ -20,6 +20,7 @@ from mxnet import nd
 from ..core.platform.devices import shard_bounds
 from ..core.platform.errors import UserError
 from ..core.platform.memory import check_fits
+from ..core.step.batch import Batch
 from .batch_order import epoch_order, member_seeds, shared_batches, whole_global_batches
 
 MIXED_MEMBERS_AUGMENTED = ("`augment` with `mixup` or `cutmix` applies to one network; not yet to an `ensemble` or a "
@@ -96,14 +97,12 @@ class DevicePipeline:
             rows = [None if i is None else self._table_rows(i, g) for g, i in enumerate(shards)] if partners else None
             taken = [None if i is None else nd.stack(i, partners[c][0].take(r), axis=-1)
                      for c, i, r in zip(self.ctx, shards, rows)] if partners else shards  # (sample, partner) pairs
-            batch = ([None if i is None else x.take(i) for x, i in zip(self._inputs, taken)],
-                     [None if i is None else y.take(i) for y, i in zip(self._targets, taken)])
             augs = [None if i is None else augmentation[c].take(self._table_rows(i, g) if own else i)
                     for g, (c, i) in enumerate(zip(self.ctx, taken))] if augmentation else None
-            if partners:
-                yield batch + (augs, [None if r is None else partners[c][1].take(r) for c, r in zip(self.ctx, rows)])
-            else:
-                yield batch + (augs,) if augs else batch
+            yield Batch([None if i is None else x.take(i) for x, i in zip(self._inputs, taken)],
+                        [None if i is None else y.take(i) for y, i in zip(self._targets, taken)], augs,
+                        [None if r is None else partners[c][1].take(r) for c, r in zip(self.ctx, rows)]
+                        if partners else None)
 
     def _shards(self, on_device, lo, hi, turn):
         """Each device's indices of samples ``lo:hi`` (member groups: its members' columns

@@ -14,6 +14,7 @@ from mxnet.util import is_np_array, is_np_shape
 
 from ..core.platform.errors import ProcessDied
 from ..core.platform.pools import PoolWatch
+from ..core.step.batch import Batch
 from .batch_order import epoch_order, whole_global_batches
 
 
@@ -69,26 +70,29 @@ class LoaderPipeline:
         mix = self.mixing.table(self.n, seed, epoch) if self.mixing is not None else None
         self._sampler.set_epoch(epoch, start_batch, None if mix is None else mix[0])
         table = self.augment.table(self.n, seed, epoch) if self.augment is not None else None
-        batches = iter(self._loader) if mix is None and table is None else self._with_parameters(table, mix)
+        if mix is not None or table is not None:
+            batches = self._with_parameters(table, mix)
+        else:
+            batches = (Batch(x, y) for x, y in self._loader)
         return self._with_member_axis(batches) if self.member_columns else batches
 
     def _with_member_axis(self, batches):
         """``batches`` as members take them: data ``(n, C, ...)``, labels ``(n, C)``,
         the augmentation ``(n, C, P)``."""
         for batch in batches:
-            yield tuple(nd.repeat(a.expand_dims(1), repeats=self.member_columns, axis=1) for a in batch)
+            yield Batch(*(nd.repeat(a.expand_dims(1), repeats=self.member_columns, axis=1) for a in batch))
 
     def _with_parameters(self, table, mix):
         """The loader's batches with their augmentation (and mixing) parameters; mixing,
         its batches of samples then partners become pairs."""
         for (x, y), indices in zip(self._loader, self._sampler):
             if mix is None:
-                yield x, y, nd.array(table[indices])
+                yield Batch(x, y, nd.array(table[indices]))
                 continue
             n = len(indices) // 2
             augs = None if table is None else nd.array(np.stack([table[indices[:n]], table[indices[n:]]], axis=1))
-            yield (nd.stack(x[:n], x[n:], axis=1), nd.stack(y[:n], y[n:], axis=1), augs,
-                   nd.array(mix[1][indices[:n]]))
+            yield Batch(nd.stack(x[:n], x[n:], axis=1), nd.stack(y[:n], y[n:], axis=1), augs,
+                        nd.array(mix[1][indices[:n]]))
 
 
 class WatchedLoader(gluon.data.DataLoader):

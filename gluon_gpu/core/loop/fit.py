@@ -64,7 +64,7 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
               disable=not progress, unit="batch", dynamic_ncols=True) as bar:
         try:
             for i, batch in enumerate(pipeline.epoch(epoch, start_batch), start_batch + 1):
-                dp.step(*batch, return_loss=False, flush=i == batches)  # (data, label[, augmentation[, mixing]])
+                dp.step(batch.data, batch.label, batch.augmentation, batch.mixing, return_loss=False, flush=i == batches)
                 stepped = i
                 for cb in steppers:
                     cb.on_step()
