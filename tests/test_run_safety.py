@@ -12,6 +12,8 @@ import tempfile
 import mxnet as mx
 import pytest
 
+from gluon_gpu.core.platform import pools
+from gluon_gpu.core.platform.errors import UserError
 from gluon_gpu.core.state.checkpoint import complete_checkpoints
 from gluon_gpu.programs import train
 
@@ -389,6 +391,33 @@ def test_the_loader_s_workers_leave_no_temporary_files():
         assert os.listdir(tmp) == []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_workers_under_a_tmpdir_too_long_for_their_sockets_use_tmp():
+    """Worker sockets live under TMPDIR, and an AF_UNIX path holds 107 bytes: a TMPDIR
+    of 90 characters failed in the first DataLoader worker; /tmp is used instead, and
+    left as it was found."""
+    tmp = tempfile.mkdtemp(prefix="long-tmpdir-", dir="/tmp")
+    deep = os.path.join(tmp, "d" * (90 - len(tmp) - 1))
+    os.makedirs(deep)
+    before = set(os.listdir("/tmp"))
+    try:
+        done = subprocess.run([sys.executable, "-c", LOADER_PROBE.replace('os.environ["TMPDIR"]', '"/tmp"')],
+                              cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": REPO, "TMPDIR": deep})
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert int(done.stdout) >= 1  # its pymp-* went under /tmp
+        assert os.listdir(deep) == [] and not {n for n in set(os.listdir("/tmp")) - before if n.startswith("gluon_gpu-")}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_tmpdir_too_long_with_no_writable_tmp_is_one_line_naming_the_length(monkeypatch):
+    monkeypatch.setattr(pools.os, "access", lambda path, mode: path != "/tmp")
+    base = "/" + "t" * 80
+    with pytest.raises(UserError, match=r"TMPDIR '/t+' is too long for the sockets .* \(at most \d+ characters here\)"):
+        pools._socket_base(base)
+    assert pools._socket_base("/short") == "/short"
 
 
 def test_a_reader_that_goes_away_does_not_end_the_run(tmp_path):

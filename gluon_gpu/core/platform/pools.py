@@ -14,10 +14,12 @@ import shutil
 import tempfile
 from multiprocessing.pool import TERMINATE
 
-from .errors import ProcessDied
+from .errors import ProcessDied, UserError
 
 POLL_SECONDS = 0.2
 TEMP_PREFIX = "gluon_gpu-"  # + the PID of the process whose workers' temporary directory it holds
+SOCKET_PATH_BYTES = 107  # an AF_UNIX path: sun_path's 108 bytes, with its closing NUL
+SOCKET_TAIL = "/pymp-XXXXXXXX/listener-XXXXXXXX"  # what multiprocessing adds under our folder
 DEATH_SECONDS = 1  # from a broken hand-over to the death of the worker behind it
 
 
@@ -139,7 +141,7 @@ def own_temp_dir():
     stopped at exit, they left theirs behind), inside ``TMPDIR/gluon_gpu-PID``.
     multiprocessing removes it at exit and this its folder; after a SIGKILL nothing runs,
     so each process first removes the folders of processes that are gone."""
-    base = tempfile.gettempdir()
+    base = _socket_base(tempfile.gettempdir())
     for name in os.listdir(base):
         pid = name[len(TEMP_PREFIX):]
         if name.startswith(TEMP_PREFIX) and pid.isdigit() and not _alive(int(pid)):
@@ -153,6 +155,19 @@ def own_temp_dir():
         tempfile.tempdir = saved
     multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-101)  # after pymp-*
     return folder
+
+
+def _socket_base(base):
+    """``base`` (TMPDIR), or /tmp where the sockets inside would not fit: multiprocessing
+    binds ``<base>/gluon_gpu-PID/pymp-XXXXXXXX/listener-XXXXXXXX``, and an AF_UNIX path
+    holds at most 107 bytes (a long TMPDIR otherwise fails in the first worker)."""
+    for candidate in (base, "/tmp"):
+        longest = os.path.join(candidate, f"{TEMP_PREFIX}{os.getpid()}") + SOCKET_TAIL
+        if len(os.fsencode(longest)) <= SOCKET_PATH_BYTES and os.access(candidate, os.W_OK | os.X_OK):
+            return candidate
+    short = SOCKET_PATH_BYTES - len(f"/{TEMP_PREFIX}{os.getpid()}{SOCKET_TAIL}")
+    raise UserError(f"TMPDIR {base!r} is too long for the sockets worker processes use (at most {short} "
+                    "characters here), and /tmp is not writable: set a shorter TMPDIR")
 
 
 def _alive(pid):
