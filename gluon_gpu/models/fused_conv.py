@@ -15,12 +15,8 @@ default) falls back to them, with a one-line warning, wherever the operator cann
 built. The fused network (LeNet, or an ensemble with ``groups=K``) has the standard one's
 parameters, names and file keys, so parameters and checkpoints move freely between the two.
 """
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 import mxnet as mx
 from mxnet.gluon import nn
@@ -30,6 +26,7 @@ from ..core.platform.environment import cpu_flags
 from ..core.platform.errors import UserError
 from ..core.platform.walk import descendants
 from ..core.step.array_api import legacy, to_api
+from .compiled import KernelUnavailable, build_library, cached_path, compiler
 
 MODES = ("auto", "on", "off")
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "conv_relu_pool.cc")
@@ -41,13 +38,8 @@ CXXFLAGS = ["-shared", "-fPIC", "-std=c++17", "-O3", "-march=native", "-fno-math
 _state = {"loaded": False, "error": None, "warned": False}
 
 
-class FusedConvUnavailable(Exception):
+class FusedConvUnavailable(KernelUnavailable):
     """The operator cannot be built or loaded here; the message says why, in one line."""
-
-
-def cache_dir():
-    return os.environ.get("GLUON_GPU_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gluon_gpu")
 
 
 def _mxnet_paths():
@@ -55,52 +47,23 @@ def _mxnet_paths():
     return os.path.join(root, "include"), os.path.join(root, "src", "lib_api.cc")
 
 
-def library_path(compiler):
-    key = hashlib.sha256()
-    for source in (SOURCE, _mxnet_paths()[1]):
-        with open(source, "rb") as f:
-            key.update(f.read())
+def library_path(compiler_name):
     # -march=native code runs only on CPUs with the same features: part of the key
-    for part in (" ".join(CXXFLAGS), compiler, mx.__version__, " ".join(sorted(cpu_flags()))):
-        key.update(part.encode())
-    return os.path.join(cache_dir(), f"conv_relu_pool-{key.hexdigest()[:16]}.so")
+    return cached_path("conv_relu_pool", (SOURCE, _mxnet_paths()[1]),
+                       (" ".join(CXXFLAGS), compiler_name, mx.__version__, " ".join(sorted(cpu_flags()))))
 
 
 def build():
-    """The compiled library's path, compiling it first if it is not cached (atomically:
-    concurrent processes each compile to a temporary file and rename)."""
-    compiler = os.environ.get("CXX") or "g++"
-    if not shutil.which(compiler):
-        raise FusedConvUnavailable(f"no C++ compiler {compiler!r} on PATH (set CXX, or install g++)")
+    """The compiled library's path, compiling it first if it is not cached."""
+    try:
+        name = compiler()
+    except KernelUnavailable as e:
+        raise FusedConvUnavailable(str(e)) from None
     include, lib_api = _mxnet_paths()
     if not os.path.isfile(os.path.join(include, "mxnet", "lib_api.h")) or not os.path.isfile(lib_api):
         raise FusedConvUnavailable(f"this MXNet install has no extension headers ({include})")
-    path = library_path(compiler)
-    if os.path.isfile(path):
-        return path
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
-        os.close(fd)
-    except OSError as e:
-        raise FusedConvUnavailable(f"cannot write the cache directory {os.path.dirname(path)}: "
-                                   f"{e.strerror or e} (set GLUON_GPU_CACHE)") from None
-    print("gluon_gpu: compiling the fused conv+relu+pool CPU operator (once per machine) ...",
-          file=sys.stderr, flush=True)
-    try:
-        try:
-            proc = subprocess.run([compiler, *CXXFLAGS, SOURCE, lib_api, "-I", include, "-o", tmp],
-                                  capture_output=True, text=True, timeout=600)
-        except subprocess.TimeoutExpired:
-            raise FusedConvUnavailable(f"{compiler} took over 10 minutes; gave up") from None
-        if proc.returncode:
-            errors = [l for l in proc.stderr.splitlines() if "error" in l] or proc.stderr.splitlines() or ["?"]
-            raise FusedConvUnavailable(f"{compiler} failed: {errors[0].strip()[:200]}")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return build_library(library_path(name), [name, *CXXFLAGS, SOURCE, lib_api, "-I", include],
+                         "the fused conv+relu+pool CPU operator", FusedConvUnavailable)
 
 
 def load():
