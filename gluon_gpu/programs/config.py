@@ -13,6 +13,7 @@ from ..core.step.kvstores import KVSTORES
 from ..core.step.precision import DTYPES
 from ..data import DATASETS, PIPELINES
 from ..data.augment import augment_help
+from ..models.amx_features import MODES as BFLOAT16_KERNELS
 from ..models.fused_conv import MODES
 from ..models.member_stack import LAYOUTS
 from ..models.zoo import MODELS, ZOO_EXAMPLES
@@ -149,11 +150,14 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                             action=argparse.BooleanOptionalAction)
     kvstore: Optional[str] = _flag(None, "gradient aggregation (default: device on GPUs, local on CPUs)",
                                    choices=KVSTORES)
-    dtype: str = _flag("float32", "bfloat16: mixed precision (contrib.amp) on CPUs with AVX-512 BF16; "
+    dtype: str = _flag("float32", "bfloat16: mixed precision on CPUs with AVX-512 BF16 (see --bfloat16-kernels); "
                        "float16: the network cast to float16, GPUs only", choices=DTYPES,
                        brief="bfloat16: mixed precision on CPUs with AVX-512 BF16; float16: GPUs")
     amp: bool = _flag(False, "float16 mixed precision (contrib.amp, dynamic loss scaling): GPUs only",
                       action="store_true")
+    bfloat16_kernels: str = _flag("auto", "--dtype bfloat16's kernels: onednn (a CIFAR ResNet v1's features on "
+                                  "oneDNN 3's AMX kernels), amp (MXNet's, through contrib.amp), auto (onednn "
+                                  "where the CPU has AMX and the network is one)", True, choices=BFLOAT16_KERNELS)
     # bookkeeping
     out: Optional[str] = _flag(None, "run directory (default runs/<timestamp>)", brief=True)
     log_interval: int = _flag(50, "batches between loss reads", True, type=positive_int)
@@ -190,7 +194,7 @@ GROUPS = {"data": ("dataset", "data_dir", "image_size", "task", "limit", "val_li
                        "lr_decay", "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate", "clip_grad"),
           "regularization": ("augment", "label_smoothing", "mixup", "cutmix", "mixup_off_epochs", "ema"),
           "distribution": ("devices", "kvstore", "bucket_mb"),
-          "precision": ("dtype", "amp"),
+          "precision": ("dtype", "amp", "bfloat16_kernels"),
           "ensembles and sweeps": ("ensemble", "ensemble_layout", "sweep", "sweep_random", "prune", "prune_warmup"),
           "speed": ("pipeline", "loader_workers", "fused_conv", "omp_threads", "engine_threads"),
           "checkpoints": ("out", "save_period", "keep", "monitor", "early_stop"),

@@ -45,7 +45,7 @@ def plan_line(config, run, ctx, out, dry_run=False):
         what += f", prune {config.prune} from epoch {config.prune_warmup}"
     what += " (fused conv+relu+pool)" if is_fused(dp.net) else ""
     what += f" in {dp.precision.describe()}" if dp.precision.dtype != "float32" else ""
-    warning = bfloat16_warning() if dp.precision.dtype == "bfloat16" else ""
+    warning = bfloat16_warning() if dp.precision.dtype == "bfloat16" and not dp.precision.kernels else ""
     what += f" ({warning})" if warning else ""
     workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
     spec = run.data.spec

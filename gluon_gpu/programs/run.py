@@ -20,7 +20,7 @@ from ..data.batch_order import member_seeds, shared_batches
 from ..data.device_pipeline import MIXED_MEMBERS_AUGMENTED, device_copy_bytes
 from ..data.mixing import describe as describe_mixing, make_mixing
 from ..data.pipelines import choose_pipeline, device_only
-from ..models import init_model
+from ..models import amx_features, init_model
 from ..models.member_stack import pipeline_layout
 from ..models.sync_bn import use_sync_batchnorm
 from ..models.zoo import check_model_name, model_for
@@ -118,7 +118,7 @@ def _network(config, ctx, model, data, spec, sweep, spread):
         raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
     if config.no_wd:
         exclude_from_weight_decay(net)
-    return net
+    return amx_features.choose(net, config.bfloat16_kernels, ctx, members) if config.dtype == "bfloat16" else net
 
 
 class RunInputs(NamedTuple):

@@ -15,7 +15,7 @@ from .kvstores import check_exchange, default_kvstore
 from .members import member_count, trainer_for
 from .metrics import DeviceSums, report
 from .params import place
-from .precision import check_precision, enable_amp, init_loss_scaling, precision_for
+from .precision import check_precision, enable_amp, init_loss_scaling, own_bfloat16, precision_for
 from .training_inputs import TrainingInputs
 
 
@@ -53,7 +53,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
         self.ctx, self.net, self.transform, self.hybridize = list(ctx), net, transform, hybridize
         self.batch_size, self.accumulate, self.clip_grad = batch_size, accumulate, clip_grad
         self.pending_batches, self._pending_samples = 0, 0
-        self.precision = precision_for(dtype, amp, loss_scaling)
+        self.precision = precision_for(dtype, amp, loss_scaling, own_bfloat16(net))
         check_precision(self.precision, self.ctx)
         check_cpu_only(net, self.ctx)
         self.head, self.heads = as_heads(head)  # placed members may have one each

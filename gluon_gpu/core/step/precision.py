@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..platform.environment import cpu_flags  # a module name here: tests play another CPU by replacing it
 from ..platform.errors import UserError
+from ..platform.walk import descendants
 
 DTYPES = ("float32", "float16", "bfloat16")
 # What scripts/bfloat16_page.py measured: bfloat16 training against float32 (docs/bfloat16.md)
@@ -26,14 +27,23 @@ BF16_CPU_FLAGS = frozenset(("avx512_bf16", "amx_bf16"))
 _amp_state = {"target": None}  # the process's AMP precision, once amp.init ran
 
 
+class OwnBfloat16:
+    """A block that computes in bfloat16 with kernels of its own (models/amx_features.py):
+    a network holding one trains in ``dtype`` bfloat16 without contrib.amp around it."""
+
+    kernels = "its own kernels"  # what the plan line names
+
+
 @dataclass(frozen=True)
 class Precision:
-    """``dtype``: what the network computes in. ``amp``: through contrib.amp (always for
-    bfloat16). ``loss_scaling``: AMP's dynamic loss scaling (float16 AMP needs it; a
-    bfloat16 run may ask for it, which is how its code path is tested on CPUs)."""
+    """``dtype``: what the network computes in. ``amp``: through contrib.amp (bfloat16
+    unless the network has kernels of its own). ``loss_scaling``: AMP's dynamic loss
+    scaling (float16 AMP needs it; a bfloat16 run may ask for it, which is how its code
+    path is tested on CPUs). ``kernels``: the OwnBfloat16 blocks' description, or ''."""
     dtype: str = "float32"
     amp: bool = False
     loss_scaling: bool = False
+    kernels: str = ""
 
     @property
     def param_dtype(self):
@@ -54,9 +64,16 @@ class Precision:
     def describe(self):
         if self.dtype == "float32":
             return "float32"
+        if self.kernels:
+            return f"{self.dtype} ({self.kernels})"
         how = "contrib.amp" + (", dynamic loss scaling" if self.loss_scaling else "") if self.amp else \
             "network cast, float32 master weights"
         return f"{self.dtype} ({how})"
+
+
+def own_bfloat16(net):
+    """The network's OwnBfloat16 block, or None."""
+    return next((b for b in descendants(net) if isinstance(b, OwnBfloat16)), None)
 
 
 def bfloat16_warning(path=BFLOAT16_MEASURED):
@@ -75,11 +92,17 @@ def bfloat16_warning(path=BFLOAT16_MEASURED):
             f"(measured {measured['date']} on {measured['cpu']}, {measured['page']})")
 
 
-def precision_for(dtype="float32", amp=False, loss_scaling=None):
+def precision_for(dtype="float32", amp=False, loss_scaling=None, own=None):
     """The Precision of the flags ``--dtype`` and ``--amp`` (which means float16 AMP);
-    ``loss_scaling`` None: on for float16 AMP only."""
+    ``loss_scaling`` None: on for float16 AMP only. ``own``: the network's OwnBfloat16
+    block, if it has one: bfloat16 then runs on it, with no AMP."""
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if own is not None:
+        if dtype != "bfloat16" or amp or loss_scaling:
+            raise UserError(f"this network computes in bfloat16 on {own.kernels}: train it with `dtype` bfloat16 "
+                            "(no `amp`, no `loss_scaling`)")
+        return Precision("bfloat16", kernels=own.kernels)
     if amp and dtype == "bfloat16":
         raise UserError("`amp` is float16 mixed precision for GPUs; bfloat16 (`dtype` bfloat16) is mixed "
                         "precision already: pass one of them")
