@@ -110,7 +110,9 @@ def _check_finite(dp, epoch, batches, done):
 
 def validate(dp, val_pipeline):
     """The validation figures, named ``val_<name>`` (ensembles: the combined output's,
-    and ``member_val_<name>`` lists)."""
+    and ``member_val_<name>`` lists), every device with the running statistics a
+    checkpoint keeps."""
+    dp.share_running_statistics()
     return _prefixed("val", dp.evaluate(val_pipeline.epoch(0)))
 
 

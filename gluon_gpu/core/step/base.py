@@ -183,6 +183,17 @@ class Step:  # pylint: disable=too-many-instance-attributes
         """What a synchronous job sums with the metrics: samples seen (a strategy's count)."""
         raise NotImplementedError
 
+    def share_running_statistics(self):
+        """Copy the first device's running statistics (BatchNorm's, and any other
+        parameter without a gradient) to the others. Each device updates its own from
+        its own samples, a checkpoint keeps the first one's, and a resumed run starts
+        every device from those: validation after this sees what is saved, resumed or not."""
+        for param in self.net.collect_params().values():
+            if param.grad_req == "null" and len(param.list_ctx()) > 1:
+                first, *others = param.list_data()
+                for other in others:
+                    first.copyto(other)
+
     def evaluate(self, batches):
         """``{'loss', <metric>..., 'samples'}`` over an iterable of batches. An ensemble
         reports its combined output (the head's ``combine``) and ``member_<name>`` lists."""
