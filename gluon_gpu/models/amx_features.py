@@ -304,6 +304,11 @@ def use(net, bfloat16=True):
     library()
     features = net.features
     features._program = Program(features)
+    for param in features._program.params + features._program.aux:
+        # New arrays, in MXNet's own layout: a first forward pass by MXNet's layers (the
+        # shapes' inference) may have left them in oneDNN 2's, which a CustomOp's copy
+        # of its inputs does not undo (nor its writes to the running statistics reach).
+        param.reset_ctx(param.list_ctx())
     features._threads = thread_settings()["omp_threads"]
     features._bfloat16 = bfloat16
     features.__class__ = AmxFeatures
