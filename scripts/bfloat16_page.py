@@ -1,11 +1,13 @@
-"""Write docs/bfloat16.md: where a bfloat16 training step's time goes against float32's,
-from one benchmark invocation (ResNet-20 on `cpu*2`, float32 and bfloat16 in their own
-processes), MXNet's per-operator profile of both (bulk execution off, so that every
-operator is timed apart) and oneDNN's kernel choice (DNNL_VERBOSE). Also writes
-gluon_gpu/core/bfloat16_measured.json, which the plan line of a bfloat16 run cites.
-Nothing in either is typed by hand.
+"""Write docs/bfloat16.md: what bfloat16 training gives against float32 on this CPU, for
+ResNet-20 on `cpu*2`, by both paths: oneDNN 3's AMX kernels (`--bfloat16-kernels
+onednn`, the default on CPUs with AMX) and MXNet's through contrib.amp (`amp`). Each
+ratio comes from one benchmark invocation (each precision in a process of its own);
+then MXNet's per-operator profile of the three (bulk execution off, so that every
+operator is timed apart) and the convolution kernels oneDNN chose (its verbose mode).
+Also writes gluon_gpu/core/step/bfloat16_measured.json: the contrib.amp ratio, which the
+plan line of a bfloat16 run through contrib.amp cites. Nothing is typed by hand.
 
-    .venv/bin/python scripts/bfloat16_page.py                       # about 3 minutes on 2 cores
+    .venv/bin/python scripts/bfloat16_page.py                       # about 7 minutes on 2 cores
     .venv/bin/python scripts/bfloat16_page.py --limit 2048 --docs DIR --measured FILE   # a quick one
 """
 import collections
@@ -19,16 +21,23 @@ import tempfile
 
 from performance_page import REPO, page_parser, run_bench, stamp
 
+sys.path.insert(0, REPO)
+from gluon_gpu.core.step.precision import BFLOAT16_MEASURED  # noqa: E402
+
 MODEL = "cifar_resnet20_v1"
 PROFILED_STEPS = 20
+# (name, train flags) of the runs compared; the last two are bfloat16's two paths
+RUNS = (("float32", ["--dtype", "float32"]),
+        ("bfloat16 amp", ["--dtype", "bfloat16", "--bfloat16-kernels", "amp"]),
+        ("bfloat16 onednn", ["--dtype", "bfloat16", "--bfloat16-kernels", "onednn"]))
 
 
-def profile(dtype, limit, out):
-    """``{operator: (calls, ms)}`` of PROFILED_STEPS training steps in ``dtype``."""
+def profile(name, flags, limit, out):
+    """``{operator: (calls, ms)}`` of PROFILED_STEPS training steps."""
     env = {**os.environ, "MXNET_EXEC_BULK_EXEC_TRAIN": "0", "MXNET_EXEC_BULK_EXEC_INFERENCE": "0"}
-    run = os.path.join(out, f"profile-{dtype}")
-    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--model", MODEL, "--devices", "cpu*2", "--dtype",
-                           dtype, "--limit", str(limit), "--val-limit", "256", "--epochs", "1", "--profile",
+    run = os.path.join(out, "profile-" + name.replace(" ", "-"))
+    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--model", MODEL, "--devices", "cpu*2", *flags,
+                           "--limit", str(limit), "--val-limit", "256", "--epochs", "1", "--profile",
                            str(PROFILED_STEPS), "--quiet", "--out", run], cwd=REPO, env=env, capture_output=True,
                           text=True)
     if proc.returncode:
@@ -43,101 +52,160 @@ def profile(dtype, limit, out):
     return operators
 
 
-def kernels(dtype, out):
-    """``{(primitive, implementation, propagation): count}`` of the convolutions oneDNN ran
-    in a short training run of ``dtype``."""
-    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--model", MODEL, "--devices", "cpu", "--dtype",
-                           dtype, "--limit", "512", "--val-limit", "64", "--epochs", "1", "--quiet", "--out",
-                           os.path.join(out, f"verbose-{dtype}")], cwd=REPO, env={**os.environ, "DNNL_VERBOSE": "1"},
-                          capture_output=True, text=True)
-    counts = collections.Counter()
+def kernels(name, flags, out):
+    """``{(library, primitive, implementation, propagation): (count, ms)}`` of what oneDNN
+    ran in a short training run: MXNet's oneDNN 2 prints ``dnnl_verbose``, the features'
+    oneDNN 3 ``onednn_verbose``, each line with the primitive's time."""
+    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--model", MODEL, "--devices", "cpu", *flags,
+                           "--limit", "512", "--val-limit", "64", "--epochs", "1", "--quiet", "--out",
+                           os.path.join(out, "verbose-" + name.replace(" ", "-"))], cwd=REPO,
+                          env={**os.environ, "DNNL_VERBOSE": "1", "ONEDNN_VERBOSE": "1"}, capture_output=True, text=True)
+    found = collections.defaultdict(lambda: [0, 0.0])
     for line in proc.stdout.splitlines():
         cells = line.split(",")
-        if line.startswith("dnnl_verbose,exec") and len(cells) > 6 and cells[3] == "convolution":
-            counts[(cells[4], cells[5])] += 1
-    return counts
+        library = {"dnnl_verbose": "oneDNN 2", "onednn_verbose": "oneDNN 3"}.get(cells[0])
+        if library and len(cells) > 6 and cells[1] == "exec":
+            entry = found[(library, cells[3], cells[4], cells[5])]
+            entry[0] += 1
+            entry[1] += float(cells[-1])
+    return found
 
 
-def page(command, report, stdout, profiles, convs):
-    rows = {r["dtype"]: r for r in report["results"]} if "results" in report else {}
-    f32, bf16 = profiles["float32"], profiles["bfloat16"]
-    total32, total16 = (sum(ms for _, ms in p.values()) for p in (f32, bf16))
-    names = sorted(set(f32) | set(bf16), key=lambda n: -max(f32.get(n, (0, 0))[1], bf16.get(n, (0, 0))[1]))[:16]
-    table = ["| operator | float32 calls | float32 ms | bfloat16 calls | bfloat16 ms | bfloat16 / float32 |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for name in names:
-        (c32, m32), (c16, m16) = f32.get(name, (0, 0.0)), bf16.get(name, (0, 0.0))
-        ratio = f"{m16 / m32:.2f}x" if m32 else "new"
-        table.append(f"| `{name}` | {c32} | {m32:.1f} | {c16} | {m16:.1f} | {ratio} |")
-    table.append(f"| all operators | | {total32:.1f} | | {total16:.1f} | {total16 / total32:.2f}x |")
-    casts = sum(ms for name, (_, ms) in bf16.items() if "amp_" in name or name in ("Cast", "_backward_Cast"))
-    conv = {d: sum(p.get(n, (0, 0.0))[1] for n in ("Convolution", "_backward_Convolution"))
-            for d, p in profiles.items()}
-    kernel_lines = [f"- {dtype}: " + ", ".join(f"`{impl}` {what} ({count})"
-                                               for (impl, what), count in sorted(c.items()))
-                    for dtype, c in convs.items()]
-    ratio = report["ratio"]
+def kernel_lines(convs):
+    """What each run's convolutions ran on, by library: '- float32 (oneDNN 2): `impl` prop (count), ...'."""
+    lines = []
+    for name, found in convs.items():
+        for library in ("oneDNN 2", "oneDNN 3"):
+            used = sorted((impl, prop, count) for (lib, kind, impl, prop), (count, _) in found.items()
+                          if lib == library and kind == "convolution")
+            if used:
+                lines.append(f"- {name} ({library}): " + ", ".join(f"`{i}` {p} ({c})" for i, p, c in used))
+    return lines
+
+
+def onednn3_table(found):
+    """The features' oneDNN 3 primitives in the verbose run, by kind and propagation, with their time."""
+    rows = collections.defaultdict(lambda: [0, 0.0])
+    for (library, kind, _, prop), (count, ms) in found.items():
+        if library == "oneDNN 3":
+            rows[(kind, prop)][0] += count
+            rows[(kind, prop)][1] += ms
+    total = sum(ms for _, ms in rows.values())
+    return (["| oneDNN 3 primitive | propagation | calls | ms | share |", "| --- | --- | --- | --- | --- |"]
+            + [f"| {kind} | {prop} | {count} | {ms:.1f} | {ms / total:.0%} |"
+               for (kind, prop), (count, ms) in sorted(rows.items(), key=lambda kv: -kv[1][1])]
+            + [f"| all | | | {total:.1f} | |"])
+
+
+def profile_table(profiles):
+    names = list(profiles)
+    totals = {n: sum(ms for _, ms in p.values()) for n, p in profiles.items()}
+    top = sorted({op for p in profiles.values() for op in p},
+                 key=lambda op: -max(p.get(op, (0, 0.0))[1] for p in profiles.values()))[:16]
+    head = ["| operator | " + " | ".join(f"{n} calls | {n} ms" for n in names) + " |",
+            "| --- | " + " | ".join("--- | ---" for _ in names) + " |"]
+    rows = ["| `" + op + "` | " + " | ".join(f"{p.get(op, (0, 0.0))[0]} | {p.get(op, (0, 0.0))[1]:.1f}"
+                                          for p in profiles.values()) + " |" for op in top]
+    rows.append("| all operators | " + " | ".join(f" | {totals[n]:.1f}" for n in names) + " |")
+    return head + rows, totals
+
+
+def bench_lines(command, stdout):
+    return [f"`{command}`:", "", "```text", stdout.strip(), "```", ""]
+
+
+def page(benches, profiles, convs, machine):
+    table, totals = profile_table(profiles)
+    onednn, amp = benches["onednn"][1], benches["amp"][1]
+    conv = {n: sum(p.get(op, (0, 0.0))[1] for op in ("Convolution", "_backward_Convolution"))
+            for n, p in profiles.items()}
     return "\n".join([
         "# bfloat16 training on this CPU",
         "",
-        f"Generated by `scripts/bfloat16_page.py`: {stamp(report['machine'])}.",
+        f"Generated by `scripts/bfloat16_page.py`: {stamp(machine)}.",
         "",
-        f"`{command}` (one invocation, each precision in a process of its own):",
+        "`--dtype bfloat16` has two paths. On a CPU with AMX, a CIFAR ResNet v1 (`cifar_resnet20_v1`, ...) "
+        "runs its features (every convolution, BatchNorm, ReLU and residual add) on oneDNN 3's AMX kernels "
+        "as one operator whose activations stay bfloat16 from the first layer to the last "
+        "(`--bfloat16-kernels onednn`, the default there). Any other network, or a CPU with AVX-512 BF16 "
+        "but no AMX, trains through MXNet's `contrib.amp` on MXNet's own oneDNN 2 kernels "
+        "(`--bfloat16-kernels amp`). Each ratio below comes from one invocation, each precision in a "
+        "process of its own.",
         "",
-        "```text",
-        stdout.strip(),
-        "```",
+        "## oneDNN 3 on AMX",
         "",
-        f"**bfloat16 trains ResNet-20 at {ratio:.2f}x float32's samples/s** here; val-acc after the same epochs: "
-        f"float32 {rows['float32']['val_acc']:.4f}, bfloat16 {rows['bfloat16']['val_acc']:.4f}.",
+        *bench_lines(*benches["onednn"][::2]),
+        f"**bfloat16 on oneDNN 3 trains ResNet-20 at {onednn['ratio']:.2f}x float32's samples/s**; val-acc "
+        f"after the same epochs: float32 {onednn['rows']['float32']['val_acc']:.4f}, bfloat16 "
+        f"{onednn['rows']['bfloat16']['val_acc']:.4f}.",
+        "",
+        "## contrib.amp on MXNet's kernels",
+        "",
+        *bench_lines(*benches["amp"][::2]),
+        f"**Through contrib.amp bfloat16 trains ResNet-20 at {amp['ratio']:.2f}x float32's samples/s**: the "
+        "plan line of such a run says so when it is below 1.",
         "",
         f"## Where the time goes: {PROFILED_STEPS} steps of each, per operator",
         "",
-        "MXNet's profiler (`--profile`), bulk execution off so that each operator is timed apart:",
+        "MXNet's profiler (`--profile`), bulk execution off so that each operator is timed apart. MXNet's "
+        f"convolutions take {conv['float32']:.0f} ms in float32 and {conv['bfloat16 amp']:.0f} ms through "
+        "contrib.amp. On oneDNN 3 the features are one `Custom` operator, which MXNet's profiler does not "
+        "time: what remains in its column is the head (pooling, dense layer, loss) and the exchange.",
         "",
         *table,
         "",
-        f"The casts AMP adds (`amp_cast`, `amp_multicast` and their backward) take {casts:.1f} ms of "
-        f"{total16:.1f} ({casts / total16:.1%}). The element-wise operators (BatchNorm, ReLU, the residual adds) "
-        "run faster in bfloat16, as half the bytes predict. The convolutions run slower: forward and backward "
-        f"together {conv['float32']:.0f} ms in float32, {conv['bfloat16']:.0f} ms in bfloat16 "
-        f"({conv['bfloat16'] / conv['float32']:.2f}x).",
+        "The features' own time on oneDNN 3, primitive by primitive (its verbose mode, a 512-sample run on one "
+        "CPU context):",
         "",
-        "oneDNN's convolution kernels (`DNNL_VERBOSE=1`, a short run of each):",
+        *onednn3_table(convs["bfloat16 onednn"]),
         "",
-        *kernel_lines,
+        "The convolution kernels each run used (verbose mode, the same short runs; oneDNN 2's include the "
+        "first pass that infers the shapes):",
         "",
-        "So the bfloat16 convolutions run on oneDNN's native AVX-512 BF16 kernels (`jit_bf16`), not a reference",
-        "path, and those kernels are slower than the float32 ones (`jit:avx512_common`) on this CPU for",
-        "ResNet-20's small convolutions. Removing every cast, keeping bfloat16 weight copies between steps, or",
-        "casting once per block would remove at most the cast share above: it cannot bring the step to 1.3x",
-        "float32's. The plan line of a `--dtype bfloat16` run says so, citing this page's ratio.",
-        ""])
+        *kernel_lines(convs),
+        "",
+        "MXNet 1.9.1 bundles oneDNN 2.4, whose bfloat16 convolutions run on AVX-512 BF16 kernels (`jit_bf16`) "
+        "that are slower than its float32 ones here; oneDNN 3 (the `onednn-cpu-gomp` wheel) runs them on AMX "
+        "(`brgconv...:avx512_core_amx`). Operator by operator the AMX convolutions were 3.4x MXNet's float32 "
+        "ones, but converting between MXNet's float32 layout and oneDNN's bfloat16 ones around each of them "
+        "took 59% of the time (docs/maintainers/measurements.md): hence the whole features as one operator.",
+        ""]), amp["ratio"]
+
+
+def measure(args, out):
+    benches = {}
+    for path, extra in (("onednn", []), ("amp", ["--bfloat16-kernels", "amp"])):
+        flags = ["--model", MODEL, "--devices", "cpu*2", "--dtype", "float32", "bfloat16", *extra, "--limit",
+                 str(args.limit), "--val-limit", "1000", "--epochs", str(args.epochs), "--baseline", "none"]
+        command, report, stdout = run_bench(flags, os.path.join(out, path))
+        rows = {r["dtype"]: r for r in report["results"]}
+        report["rows"] = rows
+        report["ratio"] = rows["bfloat16"]["samples_per_s"] / rows["float32"]["samples_per_s"]
+        benches[path] = (command, report, stdout)
+    profiles = {name: profile(name, flags, args.limit, out) for name, flags in RUNS}
+    convs = {name: kernels(name, flags, out) for name, flags in RUNS}
+    return benches, profiles, convs
 
 
 def main(argv=None):
     p = page_parser(__doc__)
-    p.add_argument("--limit", type=int, default=8192, help="training samples of the benchmark and the profiles")
+    p.add_argument("--limit", type=int, default=8192, help="training samples of the benchmarks and the profiles")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--measured", default=os.path.join(REPO, "gluon_gpu", "core", "bfloat16_measured.json"))
+    p.add_argument("--measured", default=BFLOAT16_MEASURED)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as out:
-        flags = ["--model", MODEL, "--devices", "cpu*2", "--dtype", "float32", "bfloat16", "--limit", str(args.limit),
-                 "--val-limit", "1000", "--epochs", str(args.epochs), "--baseline", "none"]
-        command, report, stdout = run_bench(flags, out)
-        by_dtype = {r["dtype"]: r for r in report["results"]}
-        report["ratio"] = by_dtype["bfloat16"]["samples_per_s"] / by_dtype["float32"]["samples_per_s"]
-        profiles = {d: profile(d, args.limit, out) for d in ("float32", "bfloat16")}
-        convs = {d: kernels(d, out) for d in ("float32", "bfloat16")}
-    text = page(command, report, stdout, profiles, convs)  # stamped before any file changes
+        benches, profiles, convs = measure(args, out)
+    text, amp_ratio = page(benches, profiles, convs, benches["onednn"][1]["machine"])  # stamped before files change
     os.makedirs(args.docs, exist_ok=True)
     with open(os.path.join(args.docs, "bfloat16.md"), "w") as f:
         f.write(text)
     with open(args.measured, "w") as f:
-        json.dump({"model": "ResNet-20", "ratio": round(report["ratio"], 2), "cpu": report["machine"]["cpu"],
-                   "date": datetime.date.today().isoformat(), "page": "docs/bfloat16.md"}, f, indent=2)
+        json.dump({"model": "ResNet-20", "ratio": round(amp_ratio, 2), "path": "contrib.amp",
+                   "cpu": benches["amp"][1]["machine"]["cpu"], "date": datetime.date.today().isoformat(),
+                   "page": "docs/bfloat16.md"}, f, indent=2)
         f.write("\n")
-    print(f"wrote {args.docs}/bfloat16.md and {args.measured}: bfloat16 at {report['ratio']:.2f}x float32")
+    print(f"wrote {args.docs}/bfloat16.md and {args.measured}: bfloat16 at "
+          f"{benches['onednn'][1]['ratio']:.2f}x float32 on oneDNN 3, {amp_ratio:.2f}x through contrib.amp")
     return 0
 
 

@@ -339,6 +339,11 @@ def choose(net, mode, ctx, members=1):
     return net
 
 
+def runs(net, ctx):
+    """Whether ``net`` can run its features here: one CIFAR ResNet v1 on CPUs with AMX."""
+    return _why_not(net, ctx, 1) is None
+
+
 def _why_not(net, ctx, members):
     if any(c.device_type != "cpu" for c in ctx):
         return "it runs on CPUs only"

@@ -1,7 +1,8 @@
 """Inference graphs that use what a CPU has: MXNet's oneDNN backend fuses convolution,
 BatchNorm and ReLU into one primitive (``optimize_for``), its quantization tools run the
 network in INT8, calibrated on training samples (``contrib.quantization``), and
-``contrib.amp`` converts it to bfloat16.
+``contrib.amp`` converts it to bfloat16 (a CIFAR ResNet v1 on a CPU with AMX runs its
+features on oneDNN 3 instead, as it trains: amx_features.py).
 
 All three are oneDNN's, CPU-only: on other contexts ``auto`` keeps the training graph.
 Measured on this package's networks: docs/serving.md.
@@ -19,6 +20,7 @@ from mxnet.contrib import amp, quantization
 from ..core.platform.environment import usable_cpus
 from ..core.platform.errors import UserError
 from ..core.step.precision import BF16_CPU_FLAGS, cpu_flags
+from . import amx_features
 from .init import fused_for
 from .servable import servable_model
 
@@ -28,7 +30,8 @@ MODES = {"auto": "fused on CPU contexts (graph for LeNet, whose fused conv opera
          "graph": "the training graph, over every device",
          "fused": "oneDNN's fused operators (conv+BN+ReLU), CPU",
          "int8": "oneDNN INT8, calibrated on training samples, CPU",
-         "bfloat16": "the fused graph in bfloat16 (contrib.amp), CPUs with AVX-512 BF16"}
+         "bfloat16": "bfloat16 on CPUs with AVX-512 BF16: a CIFAR ResNet v1's features on oneDNN 3 where the CPU "
+                     "has AMX, else the fused graph through contrib.amp"}
 ONEDNN = ("fused", "int8", "bfloat16")
 
 
@@ -65,7 +68,11 @@ def inference_model(path, spec, mode, example, model=None, member=None, calibrat
     samples, as the graph will be called."""
     net = servable_model(path, spec, model, member, log)
     batch = mx.nd.array(example, dtype=spec.dtype)
-    if mode == "bfloat16":
+    if mode == "bfloat16" and all(amx_features.runs(member_net, [mx.cpu()]) for member_net in net.nets):
+        for member_net in net.nets:  # a CIFAR ResNet on an AMX CPU: the features on oneDNN 3, as in training
+            amx_features.use(member_net)
+        mode = "graph"
+    elif mode == "bfloat16":
         net(batch).wait_to_read()  # the converter reads the traced graph
         with warnings.catch_warnings():  # the converted SymbolBlock's unknown input type
             warnings.simplefilter("ignore", UserWarning)

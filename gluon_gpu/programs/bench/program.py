@@ -45,7 +45,7 @@ from .timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_t
 def build_parser():
     p = Parser("bench", description=__doc__)
     add_flags(p, COMMON_FLAGS + ("model", "lr", "bucket_mb", "dataset", "image_size", "pipeline", "loader_workers",
-                                 "limit", "val_limit", "dtype", "amp", "ensemble_layout", "augment", "sweep",
+                                 "limit", "val_limit", "dtype", "amp", "bfloat16_kernels", "ensemble_layout", "augment", "sweep",
                                  "sweep_random"),
               many=("devices", "fused_conv", "ensemble_layout", "augment") + variants.PROCESS_WIDE,
               defaults={"devices": None, "augment": "none"})

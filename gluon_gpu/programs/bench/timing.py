@@ -30,7 +30,7 @@ def time_ours(args, spec, bar, data, members=1, fused_conv=None, layout="auto", 
                                  ensemble_layout=layout, fused_conv=fused_conv or args.fused_conv[0],
                                  bucket_mb=args.bucket_mb, limit=args.limit, dataset=args.dataset,
                                  data_dir=args.data_dir, image_size=args.image_size, dtype=args.dtype[0], amp=args.amp,
-                                 augment=augment), **flags})
+                                 bfloat16_kernels=args.bfloat16_kernels, augment=augment), **flags})
     runs = []
     for _ in range(args.repeats):
         run = build_run(config, ctx, data=data)
