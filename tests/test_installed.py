@@ -14,6 +14,8 @@ import zipfile
 import pytest
 from pasted import SYSTEM_PATH
 
+from gluon_gpu.models import amx_features
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -123,3 +125,7 @@ def test_the_installed_wheel_trains_evaluates_predicts_and_exports(installed, sm
     assert sorted(os.listdir(elsewhere / "served"))
     planned = run(["gluon-gpu-train", "--dtype", "bfloat16", "--dry-run"], cwd=elsewhere, env=env)
     assert "bfloat16" in planned.stdout, planned.stdout  # core/bfloat16_measured.json came with it
+    planned = run(["gluon-gpu-train", "--model", "cifar_resnet20_v1", "--dtype", "bfloat16", "--limit", "256",
+                   "--dry-run"], cwd=elsewhere, env=env)  # the oneDNN 3 kernels compile from the installed source
+    path = "oneDNN 3 on AMX" if amx_features.has_amx() else "contrib.amp"
+    assert f"in bfloat16 ({path}" in planned.stdout, planned.stdout + planned.stderr

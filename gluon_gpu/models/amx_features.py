@@ -58,10 +58,16 @@ def _onednn_paths():
         raise KernelUnavailable("the onednn-cpu-gomp and onednn-devel-cpu-gomp wheels are not installed "
                                 "(requirements.txt)") from None
     so = next((f for f in lib.files if f.name == "libdnnl.so.3"), None)
-    if so is None:
+    record = next((f for f in lib.files if f.name == "METADATA"), None)
+    if so is None or record is None:
         raise KernelUnavailable("the onednn-cpu-gomp wheel holds no libdnnl.so.3")
-    lib_dir = os.path.dirname(os.path.abspath(lib.locate_file(so)))
+    # its files lie outside site-packages ("../../libdnnl.so.3"): from the real folder of
+    # its metadata, which may be reached through a link
+    site = os.path.dirname(os.path.dirname(os.path.realpath(lib.locate_file(record))))
+    lib_dir = os.path.dirname(os.path.normpath(os.path.join(site, str(so))))
     include = os.path.join(os.path.dirname(lib_dir), "include")
+    if not os.path.isfile(os.path.join(lib_dir, "libdnnl.so.3")):
+        raise KernelUnavailable(f"no libdnnl.so.3 in {lib_dir} (onednn-cpu-gomp)")
     if not os.path.isfile(os.path.join(include, "oneapi", "dnnl", "dnnl.hpp")):
         raise KernelUnavailable(f"no oneDNN headers in {include} (onednn-devel-cpu-gomp)")
     return include, lib_dir
