@@ -26,6 +26,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
     metric sums a checkpoint keeps (``metric_state``, ``load_metric_state``,
     ``metric_width``, ``first_nonfinite``); what a job's workers agree on
     (``agree_to_stop``, ``any_worker``, ``share_members``, ``agree_stopped_members``);
+    ``share_running_statistics`` (before validation);
     and ``net``, ``ctx`` (its devices), ``trainer``, ``head`` and ``names`` (its
     metrics), ``precision``, ``is_np`` (the network's MXNet API), ``members`` (an
     ensemble's K), ``accumulate``, ``pending_batches`` (steps whose gradients wait for
