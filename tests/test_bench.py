@@ -9,7 +9,12 @@ import pytest
 from gluon_gpu.core.platform.devices import cpu_contexts, thread_settings
 from gluon_gpu.core.platform.environment import usable_cpus
 from gluon_gpu.core.step.precision import BF16_CPU_FLAGS, cpu_flags
+from gluon_gpu.data import augment
 from gluon_gpu.programs.bench import program as bench
+from gluon_gpu.programs.bench import torch_resnet
+from gluon_gpu.programs.config import RunConfig
+from gluon_gpu.programs.recipes import apply_recipe
+from gluon_gpu.programs.run import lr_scheduler
 
 from conftest import needs_bf16, trained_run
 
@@ -306,3 +311,45 @@ def test_pytorch_runs_the_same_lenet_with_the_same_weights(lenet_run, small_fash
     with open(os.path.join(out, "rows.json")) as f:
         rows = {r["key"]: r for r in json.load(f)}
     assert rows["pytorch"]["acc"] == rows["graph"]["acc"] and rows["pytorch"]["samples"] == 512
+
+
+@pytest.mark.parametrize("flags", [{"lr_mode": "cosine", "warmup_epochs": 2}, {"lr_mode": "cosine"},
+                                   {"lr_mode": "step", "lr_decay_epoch": "3,5", "warmup_epochs": 1, "warmup_lr": 0.01},
+                                   {}])
+def test_the_pytorch_rows_follow_the_runs_schedule_update_by_update(flags):
+    """torch_resnet.py runs in PyTorch's interpreter, without gluoncv: its rate equals
+    gluoncv's LRSequential as run.lr_scheduler builds it, at every update."""
+    config = RunConfig(epochs=6, lr=0.1, **flags)
+    theirs = lr_scheduler(config, 10)
+    for update in range(1, 70):
+        expected = theirs(update) if theirs else config.lr
+        assert torch_resnet.learning_rate(config.to_dict(), update, 10) == pytest.approx(expected, abs=1e-12), update
+
+
+def test_the_pytorch_rows_train_what_the_run_trains_or_say_what_they_cannot():
+    assert (torch_resnet.ERASE_AREA, torch_resnet.ERASE_ASPECT) == (augment.ERASE_AREA, augment.ERASE_ASPECT)
+    for preset, spelled in augment.PRESETS.items():  # the same defaults and presets as gluon_gpu's augment.py
+        assert torch_resnet.parse_augment(preset) == augment.parse_augment(spelled)
+    config = apply_recipe(RunConfig(recipe="resnet20"), given=set()).to_dict()
+    assert torch_resnet.refused(config) == ""
+    for change, why in (({"model": "lenet"}, "model lenet"), ({"mixup": 0.2}, "mixup 0.2"),
+                        ({"augment": "flip,jitter"}, "augment jitter"), ({"lr_mode": "poly"}, "lr_mode poly")):
+        assert torch_resnet.refused({**config, **change}).startswith(why)
+
+
+@pytest.mark.skipif(not os.environ.get("GLUON_GPU_TORCH_PYTHON"),
+                    reason="GLUON_GPU_TORCH_PYTHON names no interpreter with PyTorch")
+def test_time_to_accuracy_against_pytorch_float32_and_bfloat16_autocast(tmp_path):
+    out = str(tmp_path / "bench")
+    assert bench.main(["--to-accuracy", "0.5", "--model", "cifar_resnet20_v1", "--epochs", "4", "--lr", "0.1",
+                       "--batch-size", "128", "--devices", "cpu*2", "--limit", "2048", "--val-limit", "500",
+                       "--baseline", "none", "--torch-python", os.environ["GLUON_GPU_TORCH_PYTHON"], "--out", out,
+                       "--quiet"]) == 0
+    report = json.load(open(os.path.join(out, "accuracy.json")))
+    assert [r["name"] for r in report["results"]] == ["gluon_gpu float32", "PyTorch float32",
+                                                      "PyTorch bfloat16 autocast"]
+    for r in report["results"]:
+        seconds, accuracy = zip(*r["curve"])
+        assert list(seconds) == sorted(seconds) and max(accuracy) > 0.2  # each learned
+        if r["seconds_to_target"] and report["results"][0]["seconds_to_target"] and r is not report["results"][0]:
+            assert r["ours_sooner"] == pytest.approx(r["seconds_to_target"] / report["results"][0]["seconds_to_target"])

@@ -1,6 +1,7 @@
 """``bench --to-accuracy ACC``: the wall time until the validation accuracy reaches ACC,
 ours against the baseline loop (the tutorial's, or GluonCV's for zoo models) trained
-with the same recipe, in one invocation.
+with the same recipe, in one invocation; with ``--torch-python PY``, against PyTorch
+eager too, float32 and under bfloat16 autocast (a CIFAR ResNet v1: torch_resnet.py).
 
 Both train the ``--recipe`` (or the plain flags) on the first ``--devices`` spec and
 validate after every epoch inside the timed span (validation is part of the time to an
@@ -8,8 +9,10 @@ accuracy), and stop at the first epoch at ACC or at the recipe's last epoch. Wri
 table to stdout, ``OUT/accuracy.json`` and ``OUT/accuracy.png`` (validation accuracy
 against seconds, both loops).
 """
+import json
 import math
 import os
+import tempfile
 import time
 
 from ...core.loop.callbacks import save_figure, subplots
@@ -20,7 +23,9 @@ from .. import tutorial_loop
 from ..config import RunConfig
 from ..recipes import apply_recipe
 from ..run import build_run
+from . import torch_resnet
 from .timing import figure, machine_info, text_table
+from .torch_child import save_samples, torch_lines
 
 
 def bench_config(args):
@@ -28,7 +33,8 @@ def bench_config(args):
     config = RunConfig(devices=args.devices[0], model=args.model, batch_size=args.batch_size, epochs=args.epochs,
                        dataset=args.dataset, data_dir=args.data_dir, image_size=args.image_size,
                        limit=args.limit, val_limit=args.val_limit, pipeline=args.pipeline[0],
-                       loader_workers=args.loader_workers, fused_conv=args.fused_conv[0], recipe=args.recipe, quiet=True)
+                       loader_workers=args.loader_workers, fused_conv=args.fused_conv[0], recipe=args.recipe, quiet=True,
+                       dtype=args.dtype[0], bfloat16_kernels=args.bfloat16_kernels)
     return apply_recipe(config, given=set())
 
 
@@ -63,6 +69,26 @@ def baseline(config, data, target, bar):
     return curve
 
 
+def pytorch(args, config, data, bar):
+    """PyTorch's rows: the same network and recipe in ``--torch-python``, float32 and
+    under bfloat16 autocast, each validating every epoch inside the timed span."""
+    with tempfile.TemporaryDirectory() as scratch:
+        samples, settings = os.path.join(scratch, "samples.npz"), os.path.join(scratch, "config.json")
+        save_samples(samples, data.spec, train_x=data.train_x, train_y=data.train_y, val_x=data.val_x,
+                     val_y=data.val_y)
+        write_json(settings, config.to_dict())
+        rows = []
+        for dtype in ("float32", "bfloat16"):
+            curve = []
+            for line in torch_lines(args.torch_python, torch_resnet.__file__, samples, settings, args.to_accuracy,
+                                    dtype):
+                epoch = json.loads(line)
+                curve.append((epoch["seconds"], epoch["val_acc"]))
+                bar.update(1)
+            rows.append(row(f"PyTorch {dtype}" + " autocast" * (dtype == "bfloat16"), curve, args.to_accuracy))
+    return rows
+
+
 def row(name, curve, target):
     reached = next(((i + 1, s) for i, (s, a) in enumerate(curve) if a >= target), (None, None))
     return {"name": name, "epochs_to_target": reached[0], "seconds_to_target": reached[1],
@@ -71,14 +97,20 @@ def row(name, curve, target):
 
 def run_to_accuracy(args, data, bar):
     config = bench_config(args)
-    rows = [row("gluon_gpu", ours(config, data, args.to_accuracy, bar), args.to_accuracy)]
+    rows = [row(f"gluon_gpu {config.dtype}", ours(config, data, args.to_accuracy, bar), args.to_accuracy)]
+    if args.torch_python:
+        rows += pytorch(args, config, data, bar)
     if args.baseline == "tutorial":
         rows.append(row("baseline loop", baseline(config, data, args.to_accuracy, bar), args.to_accuracy))
-        if rows[0]["seconds_to_target"] and rows[1]["seconds_to_target"]:
-            rows[0]["speedup"] = rows[1]["seconds_to_target"] / rows[0]["seconds_to_target"]
-    columns = [("loop", 16, lambda r: r["name"]), ("epochs to ACC", 15, figure("epochs_to_target", "d")),
+    for other in rows[1:]:  # how much sooner ours reached the target than each; the baseline's: ours' speedup
+        if rows[0]["seconds_to_target"] and other["seconds_to_target"]:
+            other["ours_sooner"] = other["seconds_to_target"] / rows[0]["seconds_to_target"]
+            if other["name"] == "baseline loop":
+                rows[0]["speedup"] = other["ours_sooner"]
+    columns = [("loop", 26, lambda r: r["name"]), ("epochs to ACC", 15, figure("epochs_to_target", "d")),
                ("seconds to ACC", 16, figure("seconds_to_target", ".1f")), ("epochs run", 12, figure("epochs", "d")),
-               ("last val-acc", 14, figure("val_acc", ".4f")), ("faster", 9, figure("speedup", ".2f", "x"))]
+               ("last val-acc", 14, figure("val_acc", ".4f")), ("faster", 9, figure("speedup", ".2f", "x")),
+               ("ours sooner", 13, figure("ours_sooner", ".2f", "x"))]
     print(text_table(columns, rows, f"time to val-acc {args.to_accuracy} on {config.devices}: {config.model}, "
                                     f"recipe {config.recipe or 'none'} (at most {config.epochs} epochs; "
                                     "validation counted in the time)"))

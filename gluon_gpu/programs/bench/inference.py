@@ -34,6 +34,7 @@ from ...models.inference import inference_model, inference_threads
 from ..evaluate import evaluate_inference, graph_evaluation, recorded_spec, validation_data
 from ..export import export
 from . import torch_lenet
+from .torch_child import save_samples, torch_lines
 from .timing import figure, machine_info, text_table
 
 CALIBRATION = 512  # training samples INT8 calibrates on (evaluate's default)
@@ -139,15 +140,9 @@ def _torch_row(args, path, spec, x, y, scratch):
         raise UserError("`torch_python`: the PyTorch row runs LeNet alone (the baseline's network)")
     weights, inputs = os.path.join(scratch, "lenet.npz"), os.path.join(scratch, "inputs.npz")
     torch_lenet.save_weights(load_model(path, mx.cpu(), fused_conv="off"), weights)
-    np.savez(inputs, x=x, y=y, mean=np.array(spec.mean), std=np.array(spec.std), scale=spec.scale)
-    try:
-        done = subprocess.run([args.torch_python, torch_lenet.__file__, weights, inputs, str(args.batch_size),
-                               str(args.repeats)], capture_output=True, text=True)
-    except OSError as e:
-        raise UserError(f"`torch_python` {args.torch_python}: {e.strerror}") from None
-    if done.returncode != 0:
-        raise UserError(f"`torch_python` {args.torch_python}: {(done.stderr.strip() or 'failed').splitlines()[-1]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    save_samples(inputs, spec, x=x, y=y)
+    lines = list(torch_lines(args.torch_python, torch_lenet.__file__, weights, inputs, args.batch_size, args.repeats))
+    result = json.loads(lines[-1])
     median = statistics.median(result["seconds"])
     return {"key": "pytorch", "name": f"PyTorch {result['torch']} eager, same LeNet and weights",
             "seconds": result["seconds"], "median_s": median, "samples": len(x), "samples_per_s": len(x) / median,

@@ -70,7 +70,8 @@ def build_parser():
     p.add_argument("--engines", default=None, metavar="LIST",
                    help="--inference: time only these engines, in this process (the benchmark runs each group so)")
     p.add_argument("--torch-python", default=None, metavar="PY",
-                   help="--inference: an interpreter with PyTorch, for the PyTorch eager row (LeNet runs)")
+                   help="an interpreter with PyTorch, for the PyTorch eager rows: --inference (LeNet runs), "
+                        "--to-accuracy (CIFAR ResNets v1, float32 and bfloat16 autocast)")
     p.add_argument("--out", default="bench-out", help="directory for bench.json and scaling.png")
     return p
 
@@ -244,7 +245,7 @@ def main(argv=None):
     data = load_dataset(args.dataset, args.data_dir, args.image_size, limit=args.limit, val_limit=args.val_limit,
                         decoded=False)  # each run decodes it, or streams it, as its pipeline does
     if args.to_accuracy:
-        epochs = accuracy.bench_config(args).epochs * (1 + (args.baseline == "tutorial"))
+        epochs = accuracy.bench_config(args).epochs * (1 + (args.baseline == "tutorial") + 2 * bool(args.torch_python))
         with tqdm(total=epochs, desc="bench", unit="epoch", disable=not progress_enabled(args)) as bar:
             return accuracy.run_to_accuracy(args, data.decoded(), bar)
     return run_scaling(args, data)
