@@ -103,6 +103,9 @@ def test_the_kernels_are_chosen_only_on_amx_cpus_for_the_networks_they_run(monke
                                     (net, [mx.gpu(0)], 1, "CPUs only")):
         with pytest.raises(UserError, match=why):
             amx_features.choose(net_, "onednn", ctx, members)
+    with pytest.raises(UserError, match="not with `sync_bn`"):
+        amx_features.choose(net, "onednn", cpu, sync_bn=True)
+    assert not amx_features.uses(amx_features.choose(net, "auto", cpu, sync_bn=True))
     assert not amx_features.uses(amx_features.choose(net, "amp", cpu))
     assert amx_features.uses(amx_features.choose(net, "auto", cpu))
 

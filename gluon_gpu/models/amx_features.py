@@ -153,7 +153,7 @@ class Program:
             self.params.append(block.weight)
             return self._op(CONV, x, len(self.params) - 1, k["num_filter"], k["kernel"][0], k["stride"][0],
                             k["pad"][0])
-        if isinstance(block, nn.BatchNorm):
+        if type(block) is nn.BatchNorm:  # not a subclass: SyncBatchNorm normalizes over the devices
             k = block._kwargs
             if k["eps"] != 1e-5 or k["momentum"] != 0.9 or k["fix_gamma"] or k["use_global_stats"] or k["axis"] != 1:
                 raise KernelUnavailable(f"{block.name}: a BatchNorm other than MXNet's defaults")
@@ -325,14 +325,17 @@ def uses(net):
     return any(isinstance(b, AmxFeatures) for b in descendants(net))
 
 
-def choose(net, mode, ctx, members=1):
+def choose(net, mode, ctx, members=1, sync_bn=False):
     """Run ``net``'s features here (in bfloat16) where ``mode`` (``--bfloat16-kernels``)
     says: ``auto``, for one CIFAR ResNet v1 on CPUs with AMX when the kernels build (else
     contrib.amp, with a one-line warning if they failed to build); ``onednn``, that or a
-    UserError saying why not; ``amp``, never."""
+    UserError saying why not; ``amp``, never. ``sync_bn``: the run synchronizes its
+    BatchNorms over the devices, which these kernels do not."""
     if mode not in MODES:
         raise UserError(f"unknown `bfloat16_kernels` {mode!r}: choose one of {', '.join(MODES)}")
     why = _why_not(net, ctx, members) if mode != "amp" else "asked for"
+    if why is None and sync_bn:
+        why = "its BatchNorms normalize each device's samples alone, not with `sync_bn`"
     if why is None:
         try:
             return use(net)

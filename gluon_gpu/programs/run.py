@@ -118,7 +118,9 @@ def _network(config, ctx, model, data, spec, sweep, spread):
         raise UserError(f"`label_smoothing` applies to classification; this data is task {spec.task}")
     if config.no_wd:
         exclude_from_weight_decay(net)
-    return amx_features.choose(net, config.bfloat16_kernels, ctx, members) if config.dtype == "bfloat16" else net
+    if config.dtype != "bfloat16":
+        return net
+    return amx_features.choose(net, config.bfloat16_kernels, ctx, members, config.sync_bn)
 
 
 class RunInputs(NamedTuple):
