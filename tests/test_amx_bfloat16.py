@@ -118,15 +118,17 @@ def test_a_network_on_the_kernels_trains_in_bfloat16_only():
 
 AS_IF_WITHOUT_AMX = """
 import sys
+from gluon_gpu.core.step import precision
 from gluon_gpu.models import amx_features
-amx_features.cpu_flags = lambda: {flags!r}
+amx_features.cpu_flags = precision.cpu_flags = lambda: {flags!r}
 from gluon_gpu.programs import train
 sys.exit(train.main(sys.argv[1:]))
 """
 
 
 def test_without_amx_bfloat16_keeps_contrib_amp_and_its_warning(tmp_path):
-    """contrib.amp is process-wide: each run is a process of its own, told the CPU has no AMX."""
+    """contrib.amp is process-wide: each run is a process of its own, told the CPU has
+    AVX-512 BF16 without AMX (a dry run computes nothing in bfloat16: any CPU will do)."""
     script = AS_IF_WITHOUT_AMX.format(flags=set(NO_AMX))
     args = [sys.executable, "-c", script, *RESNET, "--dtype", "bfloat16", "--dry-run", "--out", str(tmp_path / "run")]
     done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -155,7 +155,7 @@ def test_an_ensemble_bench_of_two_engine_worker_counts_times_k1_on_one_worker(tm
 
 @pytest.mark.parametrize("flags,message", [
     (["--ensemble", "2", "--ensemble-layout", "fused", "--model", "resnet50_v1b_gn"], "its layer bn1 (GroupNorm)"),
-    (["--workers", "2", "--dtype", "float32", "bfloat16"], "time --workers once per value"),
+    (["--workers", "2", "--omp-threads", "1", "2"], "time --workers once per value"),
     (["--workers", "2", "--engine-threads", "1", "2"], "time --workers once per value"),
 ])
 def test_bench_modes_refuse_what_they_cannot_time(tmp_path, capsys, flags, message):

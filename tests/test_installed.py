@@ -12,6 +12,7 @@ import tarfile
 import zipfile
 
 import pytest
+from conftest import needs_bf16
 from pasted import SYSTEM_PATH
 
 from gluon_gpu.models import amx_features
@@ -123,6 +124,11 @@ def test_the_installed_wheel_trains_evaluates_predicts_and_exports(installed, sm
     assert len(predicted.stdout.strip().splitlines()) == 3, predicted.stdout
     run(["gluon-gpu-export", "runs/quick", "--out", "served"], cwd=elsewhere, env=env)
     assert sorted(os.listdir(elsewhere / "served"))
+
+
+@needs_bf16
+def test_the_installed_wheel_plans_bfloat16_on_its_kernels(installed):
+    bin_dir, env, elsewhere = installed
     planned = run(["gluon-gpu-train", "--dtype", "bfloat16", "--dry-run"], cwd=elsewhere, env=env)
     assert "bfloat16" in planned.stdout, planned.stdout  # core/bfloat16_measured.json came with it
     planned = run(["gluon-gpu-train", "--model", "cifar_resnet20_v1", "--dtype", "bfloat16", "--limit", "256",
