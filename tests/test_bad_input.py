@@ -172,7 +172,10 @@ def test_idx_prediction_matches_validation_accuracy(run_dir, capsys):
 def test_dry_run_checks_everything_and_trains_nothing(tmp_path, capsys):
     out = tmp_path / "never"
     assert train.main(["--dry-run", "--devices", "cpu*2", "--out", str(out)]) == 0
-    assert "lenet (fused conv+relu+pool) on cpu(0), cpu(1)" in capsys.readouterr().out
+    plan, memory = capsys.readouterr().out.strip().splitlines()
+    assert "lenet (fused conv+relu+pool) on cpu(0), cpu(1)" in plan
+    assert memory.startswith("memory: about ") and "of the host's" in memory, memory  # what the checks added up
+    assert "--pipeline device: a copy of 60000 samples on each of 2 devices" in memory, memory
     assert not out.exists()
 
 

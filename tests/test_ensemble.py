@@ -593,7 +593,8 @@ def test_an_ensemble_too_large_for_memory_is_refused_before_training(tmp_path, c
     out = str(tmp_path / "r")
     assert train.main(["--devices", "cpu", "--ensemble", "200000", "--limit", "64", "--quiet", "--out", out]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "GiB free" in err and "--ensemble 200000" in err, err
+    assert len(err.splitlines()) == 1 and "200000 members (" in err and "GiB free" in err, err
+    assert "train fewer members at once (--ensemble, or a --sweep of fewer configurations)" in err, err
     assert not os.path.exists(os.path.join(out, "checkpoints"))
 
 

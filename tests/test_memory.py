@@ -156,7 +156,7 @@ def test_the_device_pipeline_s_copies_are_checked_against_the_cap(tmp_path):
     proc, out = _capped_train(tmp_path, 1200 * MiB, *common, "--pipeline", "device")
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = proc.stderr.strip()
-    assert len(line.splitlines()) == 1 and "--pipeline device: a copy of 3000 samples on each of 8 device(s)" in line
+    assert len(line.splitlines()) == 1 and "--pipeline device: a copy of 3000 samples on each of 8 devices" in line
     assert "use --pipeline loader" in line
     proc, out = _capped_train(tmp_path, 1200 * MiB, *common)  # --pipeline auto: the loader, said why
     assert proc.returncode == 0, proc.stderr[-2000:]

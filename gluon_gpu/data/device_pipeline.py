@@ -59,7 +59,7 @@ class DevicePipeline:
         self.n = whole_global_batches(self.n, batch_size, self.workers)
         copy = device_copy_bytes(inputs, targets)
         check_fits({c: copy for c in dict.fromkeys(self.ctx)},
-                   f"`pipeline` device: a copy of {len(inputs)} samples on each of {len(set(self.ctx))} device(s)",
+                   f"`pipeline` device: a copy of {len(inputs)} samples on {_each_device(self.ctx)}",
                    "use `pipeline` loader, which keeps one copy on the host, or fewer samples (`limit`)")
         devices = list(dict.fromkeys(self.ctx))  # a copy per device, however many groups live there
         stored = dict(zip(devices, _copies(inputs, devices, num_workers)))
@@ -150,6 +150,12 @@ class DevicePipeline:
         first, count = self.member_groups[group] if self.member_groups else (0, self.members)
         columns = nd.arange(first, first + count, ctx=indices.context, dtype="int32").reshape((1, -1))
         return nd.broadcast_add(indices * self.members, columns)
+
+
+def _each_device(ctx):
+    """'cpu(0)' or 'each of 2 devices'."""
+    devices = list(dict.fromkeys(ctx))
+    return str(devices[0]) if len(devices) == 1 else f"each of {len(devices)} devices"
 
 
 def _copies(inputs, devices, num_workers):

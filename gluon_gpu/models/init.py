@@ -67,16 +67,28 @@ def init_model(model, seed, ctx, input_shape=(1, 28, 28), outputs=10, members=1,
     if members > 1:
         return ensemble(model, members, ctx, seed, input_shape, outputs, layout, fused_conv, hybridize, batch_size,
                         seeds, apart, spread)
-    fused = fused_for(model, ctx, fused_conv)
     if batch_size:
         check_training_memory(lambda: get_model(model, outputs, input_shape[0]), input_shape, ctx, batch_size, model,
                               outputs)
-    mx.random.seed(seed)
-    np.random.seed(seed)
-    net = get_model(model, outputs, input_shape[0], fused=fused)
+    seed_generators(seed)
+    return zoo_network(model, seed, ctx, input_shape, outputs, fused_conv)
+
+
+def zoo_network(model, seed, ctx, input_shape, outputs, fused_conv):
+    """Zoo network ``model`` initialized on ``ctx`` from ``seed``, the generators untouched."""
+    net = get_model(model, outputs, input_shape[0], fused=fused_for(model, ctx, fused_conv))
     net.initialize(SeededXavier(seed), ctx=ctx)
     first_pass(net, input_shape, ctx[0], model)
     return net
+
+
+def seed_generators(seed):
+    """Seed MXNet's and numpy's global generators (dropout, augmentation), once a run: MXNet
+    reseeds every state of its pool, up to 72 of a few MiB each for an ensemble
+    (member_stack.ensemble_variables), so seeding for each member of a 500-member sweep
+    took most of its dry run."""
+    mx.random.seed(seed)
+    np.random.seed(seed)
 
 
 def first_pass(net, input_shape, ctx, name):
@@ -109,8 +121,10 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
 
     def member(k, where, conv):
         if isinstance(model, str):
-            return init_model(model, seeds[k], where, input_shape, outputs, fused_conv=conv)
+            return zoo_network(model, seeds[k], where, input_shape, outputs, conv)
         return init_model(model(), seeds[k], where, input_shape)
+    if isinstance(model, str):
+        seed_generators(seeds[-1])  # as after initializing the last member alone
     if layout == "fused":
         nets = [member(k, ctx, "off") for k in range(members)]
         if model == "lenet":

@@ -175,8 +175,9 @@ def check_memory(make_net, members, devices, layout, input_shape, batch_size, na
         placed = member_devices(members, devices, "devices")
         loads = {d: members if layout == "fused" else placed.count(d) for d in devices}
     check_fits({device: count * per_member for device, count in loads.items()},
-               f"`ensemble` {members} ({size_text(per_member)} a member: parameters, optimizer state, activations of a "
-               f"batch of {batch_size})", "train fewer members at once, or a smaller `batch_size`")
+               f"{members} members ({size_text(per_member)} each: parameters, optimizer state, activations of a "
+               f"batch of {batch_size})", "train fewer members at once (`ensemble`, or a `sweep` of fewer configurations), "
+               "or a smaller `batch_size`")
 
 
 PipelineLayout = namedtuple("PipelineLayout", "train_ctx member_groups eval_ctx in_turns")

@@ -15,6 +15,7 @@ from ..core.loop.loggers import TrainLog, show
 from ..core.platform.devices import devices, parse_devices, require_thread_settings
 from ..core.platform.errors import DivergedError, ProcessDied, UserError, WriteError
 from ..core.platform.files import RunLock, remove_temporaries
+from ..core.platform.memory import recording, total_text
 from ..core.platform.signals import STOP_SIGNALS
 from ..core.state.checkpoint import complete_checkpoints, latest_checkpoint
 from ..core.state.version import __version__
@@ -49,7 +50,7 @@ def build_parser():
     group.add_argument("--resume", metavar="RUN_DIR", default=None,
                        help="continue RUN_DIR from its latest complete checkpoint")
     group.add_argument("--dry-run", action="store_true",
-                       help="check flags, devices and data, print the plan, train nothing")
+                       help="check flags, devices, data and memory; print the plan and the memory it needs; train nothing")
     p.brief.update(resume=None, dry_run=None)
     return p
 
@@ -107,7 +108,8 @@ def main(argv=None, restart=None):
     _thread_settings(args, config, restart=argv is None if restart is None else restart)
     with devices(config.devices) as ctx:
         out = config.out if args.resume else prepare_out_dir(config.out)
-        run = build_run(config, ctx, saved_spec=(state or {}).get("data"))  # checks batch, options, data first
+        with recording() as needs:
+            run = build_run(config, ctx, saved_spec=(state or {}).get("data"))  # checks batch, options, data first
         config, dp = run.config, run.dp
         monitor = monitor_for(config, run)
         chief = dp.rank == 0  # in a distributed job only rank 0 writes and prints
@@ -115,7 +117,7 @@ def main(argv=None, restart=None):
             check_writable(out)
         shown = _announce(config, run, ctx, out, args.dry_run) if chief else []
         if args.dry_run:
-            return 0
+            return _dry_run_memory(needs) if chief else 0
         with RunLock(out) if chief else contextlib.nullcontext():
             if not args.resume:
                 prepare_out_dir(out)  # again under the lock: another writer may have begun meanwhile
@@ -166,6 +168,12 @@ def _announce(config, run, ctx, out, dry_run):
         shown.append(f"gluon_gpu.train: warning: {as_flags(warning)}")
         show(shown[-1], sys.stderr)
     return shown
+
+
+def _dry_run_memory(needs):
+    """The memory line a dry run ends with (the memory checks' ``needs``, added up); 0."""
+    show(as_flags(f"memory: {total_text(needs)}"))
+    return 0
 
 
 def _save_replica(dp):

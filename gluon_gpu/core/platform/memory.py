@@ -2,7 +2,9 @@
 before it is made (decoded datasets, their copies on the devices, a network's training
 state at its batch size, ensembles): a refusal in one line with the figure and what is
 free, instead of the OOM killer or "Failed to allocate CPU Memory" half a minute in."""
+import contextlib
 import os
+from typing import NamedTuple
 
 from .cgroups import CGROUP_ROOT, cgroup_dirs, read_file
 from .errors import UserError
@@ -76,6 +78,41 @@ def shortfall(needs):
     return None
 
 
+class Need(NamedTuple):
+    """A check that passed: ``what`` needs ``needs``, {device or "host": bytes}."""
+    what: str
+    needs: dict
+
+
+_RECORDS = []  # a list per recording() in progress: the checks passed meanwhile
+
+
+@contextlib.contextmanager
+def recording():
+    """A list that receives a :class:`Need` for each check passed inside the ``with``."""
+    passed = []
+    _RECORDS.append(passed)
+    try:
+        yield passed
+    finally:
+        _RECORDS.remove(passed)
+
+
+def total_text(passed):
+    """What the checks ``passed`` (a :func:`recording` list) need together, for a person:
+    each check compares its own need with the free memory, the whole run needs the sum."""
+    totals = {}
+    for need in passed:
+        for device, nbytes in need.needs.items():
+            totals[_memory_of(device)] = totals.get(_memory_of(device), 0) + nbytes
+    parts = [f"{size_text(nbytes)} of {'the host' if memory == 'host' else memory}'s "
+             f"{size_text(available_bytes(memory))} free" for memory, nbytes in totals.items()]
+    if not parts:
+        return "no memory estimated"
+    return f"about {' and '.join(parts)}: " + "; ".join(
+        f"{need.what} {size_text(sum(need.needs.values()))}" for need in passed)
+
+
 def check_fits(needs, what, advice):
     """Refuse (UserError, one line) before allocating when ``needs`` (see
     :func:`shortfall`) exceed the free memory. ``what`` says what needs the memory,
@@ -84,3 +121,5 @@ def check_fits(needs, what, advice):
     if short:
         where, nbytes, free = short
         raise UserError(f"{what} needs about {size_text(nbytes)}, and {where} has {size_text(free)} free; {advice}")
+    for passed in _RECORDS:
+        passed.append(Need(what, dict(needs)))
