@@ -210,7 +210,8 @@ def test_a_killed_loader_worker_ends_the_run_in_one_line_with_its_partial_epoch_
         os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     assert table_exit("a DataLoader worker killed", proc.returncode)
-    line, = err.strip().splitlines()
+    assert len(err.strip().splitlines()) == 1, err
+    line = err.strip()
     assert line.startswith("gluon_gpu.train: error: a DataLoader worker (pid ") and "killed by SIGKILL" in line
     assert "; continue from its epoch 1, batch " in line, line  # in epoch 2, as far as it came
     assert read_metrics(out)["status"] == "failed"
@@ -254,7 +255,8 @@ def test_a_killed_pack_worker_ends_pack_in_one_line_and_leaves_no_files(fashion_
     os.kill(children(proc.pid)[0], signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     assert table_exit("a DataLoader worker killed", proc.returncode), err
-    line, = err.strip().splitlines()
+    assert len(err.strip().splitlines()) == 1, err
+    line = err.strip()
     assert line.startswith("gluon_gpu.pack: error: a pack worker (pid ") and "killed by SIGKILL" in line, line
     assert not os.listdir(out), os.listdir(out)  # no .partial left
 
