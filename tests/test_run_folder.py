@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from gluon_gpu.programs import evaluate, predict, train
@@ -187,23 +188,53 @@ def test_an_ensemble_epoch_line_says_what_its_spread_is():
 def test_a_run_that_learns_nothing_says_so_once_and_metrics_json_keeps_it():
     from gluon_gpu.core.loop.callbacks import GuessingWatch
     said, history = [], []
-    watch = GuessingWatch(3, 0.1, lambda line, stream=None: said.append(line))
+    watch = GuessingWatch([40, 41, 39], 0.1, lambda line, stream=None: said.append(line))
     for epoch, loss in enumerate([1.0990, 1.0979, 1.0986, 1.0986], 1):  # ln 3 = 1.0986: guessing
         history.append({"epoch": epoch, "train_loss": loss})
         watch.on_epoch_end(history[-1], history)
     assert len(said) == 1 and "warning" in history[1] and "warning" not in history[2]
     assert said[0].startswith("gluon_gpu.train: warning: the training loss has stayed at 1.0979 for 2 epochs, the "
                               "cost of guessing among 3 classes (ln 3 = 1.0986)") and "--lr 0.1" in said[0]
-    learning = GuessingWatch(3, 0.1, lambda line, stream=None: said.append(line))
+    learning = GuessingWatch([40, 41, 39], 0.1, lambda line, stream=None: said.append(line))
     for losses in ([1.09, 0.7], [1.12, 1.08]):  # a loss that falls, even near ln 3, says nothing
         history = [{"epoch": e, "train_loss": loss} for e, loss in enumerate(losses, 1)]
         learning.on_epoch_end(history[-1], history)
     assert len(said) == 1
 
 
+def test_uneven_classes_have_two_costs_of_guessing_and_balanced_ones_one():
+    from gluon_gpu.core.loop.callbacks import GuessingWatch
+    said = []
+    for losses in ([0.6400, 0.6395], [1.0990, 1.0986]):  # the frequencies predicted (entropy 0.6390); an even spread
+        history = [{"epoch": e, "train_loss": loss} for e, loss in enumerate(losses, 1)]
+        watch = GuessingWatch([80, 10, 10], 0.1, lambda line, stream=None: said.append(line))
+        watch.on_epoch_end(history[-1], history)
+    assert len(said) == 2 and "ln 3 = 1.0986" in said[1] and "classes apart" not in said[1], said
+    assert "class frequencies whatever the input (their entropy, 0.6390), so always the most frequent class" in said[0]
+    assert said[0].endswith("(--lr 0.1): try a tenth of it, or inputs that do not tell the classes apart"), said[0]
+    assert len(watch.levels) == 2 and len(GuessingWatch([50, 49, 51], 0.1, print).levels) == 1
+
+
+def test_a_run_whose_inputs_tell_nothing_collapses_to_one_class_and_is_warned_about(tmp_path, capsys):
+    """Blank inputs, uneven labels: the network can only learn the class frequencies, and
+    always predicts the most frequent class (val-acc is its share)."""
+    y = np.random.default_rng(0).choice(3, size=1536, p=[0.8, 0.1, 0.1]).astype(np.int32)
+    x = np.zeros((1536, 1, 28, 28), np.float32)
+    np.savez(tmp_path / "blank.npz", x_train=x[:1280], y_train=y[:1280], x_val=x[1280:], y_val=y[1280:])
+    out = str(tmp_path / "r")
+    assert table_exit("a run that learns nothing", train.main([
+        "--dataset", "npz", "--data-dir", str(tmp_path / "blank.npz"), "--devices", "cpu", "--epochs", "4",
+        "--batch-size", "64", "--lr", "0.3", "--quiet", "--out", out]))
+    err = capsys.readouterr().err
+    assert "gluon_gpu.train: warning: the training loss has stayed at" in err and "so always the most frequent" in err
+    epochs = read_metrics(out)["epochs"]
+    assert sum("warning" in e for e in epochs) == 1 and epochs[-1]["val_acc"] == pytest.approx(np.mean(y[1280:] == 0))
+
+
 def test_a_real_run_at_a_learning_rate_that_cannot_move_it_is_warned_about(tmp_path, capsys):
     out = str(tmp_path / "r")
-    assert train.main(with_flags(SHORT, "--out", out, "--lr", "1e-9", "--epochs", "2")) == 0
+    assert table_exit("a run that learns nothing", train.main(with_flags(SHORT, "--out", out, "--lr", "1e-9",
+                                                                         "--epochs", "2")))
     err = capsys.readouterr().err
     assert "gluon_gpu.train: warning: the training loss has stayed at" in err and "(--lr 1e-09)" in err
     assert "the network learns nothing" in read_metrics(out)["epochs"][1]["warning"]

@@ -30,6 +30,10 @@ class Dataset:
         """Whether the inputs are read from disk per sample (not yet decoded)."""
         return hasattr(self.train_x, "decode_all")
 
+    def class_counts(self):
+        """The training labels of each class (a classification's), in the spec's order."""
+        return np.bincount(np.asarray(self.train_y, dtype=np.int64).ravel(), minlength=len(self.spec.classes)).tolist()
+
     def limited(self, limit=None, val_limit=None):
         """The first ``limit`` training and ``val_limit`` validation samples only (quick
         runs, tests; None: all)."""

@@ -37,7 +37,7 @@ def chief_callbacks(config, run, out, header, monitor, say=print, resumed_at=Non
             callbacks.append(pruning)
     callbacks.append(EpochPrinter(config.epochs, say))
     if run.data.spec.task == "classify" and member_count(config) == 1:  # members sum their losses
-        callbacks.append(GuessingWatch(len(run.data.spec.classes or ()), config.lr, say))
+        callbacks.append(GuessingWatch(run.data.class_counts(), config.lr, say))
     callbacks += [BestParams(os.path.join(out, "best.params"), run.dp.net, monitor, run.ema),
                   MetricsFile(os.path.join(out, "metrics.json"), header,
                               extra=lambda history: {"best": monitor.summary(history),

@@ -153,28 +153,40 @@ def plot_curves(history, path):
 
 class GuessingWatch(Callback):
     """A run that learns nothing says so: when a classifier's training loss has stayed at
-    the cost of guessing, ln(classes), for ``epochs`` epochs in a row (within 5% of it, and
-    falling by under 1% over them), one warning line
-    (``say(line, stream)``) naming the likely cause, and the record of that epoch keeps
-    it under ``"warning"`` (metrics.json). Once per run."""
-    NEAR, FALLING = 0.05, 0.01  # near ln(classes): the softmax still spreads about evenly
+    a cost of guessing for ``epochs`` epochs in a row (within 5% of it, and falling by
+    under 1% over them), one warning line (``say(line, stream)``) naming the likely
+    cause, and the record of that epoch keeps it under ``"warning"`` (metrics.json).
+    Once per run. Two costs of guessing: ln(classes), an even spread (an untrained
+    network), and the entropy of the training labels' class frequencies, predicting those
+    whatever the input (a collapsed network: it always predicts the most frequent class;
+    the same level when the classes are even). ``class_counts``: training labels per class."""
+    NEAR, FALLING = 0.05, 0.01  # near a cost of guessing: the softmax ignores the input
 
-    def __init__(self, classes, lr, say, epochs=2):
-        self.classes = classes
-        self.guess = math.log(classes) if classes and classes > 1 else None
+    def __init__(self, class_counts, lr, say, epochs=2):
+        self.classes, total = len(class_counts), sum(class_counts)
         self.lr, self.say, self.epochs, self.warned = lr, say, epochs, False
+        self.levels = {}  # a cost of guessing -> (what it is, another likely cause), for the warning
+        if self.classes > 1 and total:
+            even = math.log(self.classes)
+            self.levels[even] = (f"guessing among {self.classes} classes (ln {self.classes} = {even:.4f})", "")
+            prior = -sum(c / total * math.log(c / total) for c in class_counts if c)
+            if abs(prior - even) > self.NEAR * even:
+                self.levels[prior] = (f"predicting the training labels' class frequencies whatever the input "
+                                      f"(their entropy, {prior:.4f}), so always the most frequent class",
+                                      ", or inputs that do not tell the classes apart")
 
     def on_epoch_end(self, record, history):
-        if self.warned or self.guess is None or len(history) < self.epochs:
+        if self.warned or len(history) < self.epochs:
             return
         losses = [r.get("train_loss") for r in history[-self.epochs:]]
-        if all(loss is not None and abs(loss - self.guess) <= self.NEAR * self.guess for loss in losses) and \
-                losses[0] - losses[-1] < self.FALLING * losses[0]:
-            self.warned = True
+        if any(loss is None for loss in losses) or losses[0] - losses[-1] >= self.FALLING * losses[0]:
+            return
+        level = next((g for g in self.levels if all(abs(loss - g) <= self.NEAR * g for loss in losses)), None)
+        if level is not None:
+            self.warned, (what, other_cause) = True, self.levels[level]
             record["warning"] = (f"the training loss has stayed at {losses[-1]:.4f} for {self.epochs} epochs, the "
-                                 f"cost of guessing among {self.classes} classes (ln {self.classes} = "
-                                 f"{self.guess:.4f}): the network learns nothing; "
-                                 f"the likely cause is the learning rate (--lr {self.lr:g}): try a tenth of it")
+                                 f"cost of {what}: the network learns nothing; the likely cause is the learning "
+                                 f"rate (--lr {self.lr:g}): try a tenth of it{other_cause}")
             self.say(f"gluon_gpu.train: warning: {record['warning']}", sys.stderr)
 
     def on_train_end(self, history, status, reason=None):
