@@ -73,7 +73,8 @@ def test_a_folder_that_is_no_finished_run_is_one_line(tmp_path, capsys):
 def test_a_dry_run_says_it_creates_nothing(tmp_path, capsys):
     out = str(tmp_path / "never")
     assert train.main(SHORT + ["--out", out, "--dry-run"]) == 0
-    assert capsys.readouterr().out.strip().endswith(f"out {out} (dry run: not created)")
+    plan, memory = capsys.readouterr().out.strip().splitlines()
+    assert plan.endswith(f"out {out} (dry run: not created)") and memory.startswith("memory: about "), memory
     assert not os.path.exists(out)
 
 

@@ -119,14 +119,10 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
         check_memory(member_factory(model, input_shape, outputs), members, ctx, layout, input_shape, batch_size,
                      model if isinstance(model, str) else "your network")
 
-    def member(k, where, conv):
-        if isinstance(model, str):
-            return zoo_network(model, seeds[k], where, input_shape, outputs, conv)
-        return init_model(model(), seeds[k], where, input_shape)
     if isinstance(model, str):
         seed_generators(seeds[-1])  # as after initializing the last member alone
     if layout == "fused":
-        nets = [member(k, ctx, "off") for k in range(members)]
+        nets = [_member(model, seeds[k], ctx, input_shape, outputs, "off") for k in range(members)]
         if model == "lenet":
             from .fused_lenet import combine_members
             return combine_members(nets, ctx, fused_for(model, ctx, fused_conv), input_shape)
@@ -136,12 +132,20 @@ def ensemble(model, members, ctx, seed=0, input_shape=(1, 28, 28), outputs=10, l
     mine = [k for k in range(members) if owners[k] == rank]
     dealt = dict(zip(mine, member_devices(len(mine), ctx, layout)))
     devices = [dealt.get(k, ctx[0]) for k in range(members)]
-    nets = [member(k, [devices[k]], fused_conv) for k in range(members)]
+    nets = [_member(model, seeds[k], [devices[k]], input_shape, outputs, fused_conv) for k in range(members)]
     keys = [(owner, key) for owner, key in zip(owners, apart or [None] * members)]  # no group spans two workers
     stack = MemberStack(nets, devices, input_shape[0], hybridize, layout, keys)
     if spread:
         stack.owners, stack.rank = owners, rank
     return stack
+
+
+def _member(model, seed, ctx, input_shape, outputs, fused_conv):
+    """An ensemble's member: zoo network ``model`` (the generators untouched: the ensemble
+    seeds them once), or a fresh network from the function ``model``, initialized."""
+    if isinstance(model, str):
+        return zoo_network(model, seed, ctx, input_shape, outputs, fused_conv)
+    return init_model(model(), seed, ctx, input_shape)
 
 
 def member_factory(model, input_shape, outputs):
