@@ -49,6 +49,18 @@ def job_processes(job):
     return found
 
 
+HANG_GUARD = 120  # seconds; see wait_until_gone
+
+
+def wait_until_gone(job, others=lambda: False):
+    """Until no process of ``job`` lives (nor ``others()`` says one does): the state waited
+    on; HANG_GUARD only keeps a hang from stalling the suite. What is left, for the assert."""
+    deadline = time.time() + HANG_GUARD
+    while (job_processes(job) or others()) and time.time() < deadline:
+        time.sleep(0.05)
+    return job_processes(job)
+
+
 def params(path):
     return {k: v.asnumpy() for k, v in mx.nd.load(str(path)).items()}
 
@@ -139,10 +151,7 @@ def test_a_dead_worker_stops_the_whole_job_and_leaves_no_process(tmp_path):
     job = uuid.uuid4().hex
     proc = run_launch(["-n", "2", "-s", "1", "--grace", "3", "--"] + TRAIN +
                       ["--epochs", "100", "--out", str(tmp_path / "run")], job)
-    deadline = time.time() + 120
-    while not os.path.exists(tmp_path / "run" / "metrics.json"):  # training is under way
-        assert time.time() < deadline and proc.poll() is None
-        time.sleep(0.1)
+    wait_until(lambda: os.path.exists(tmp_path / "run" / "metrics.json"), proc, "training under way")
     workers = [pid for pid, role in job_processes(job) if role == "worker"]
     assert len(workers) == 2
     os.kill(workers[1], signal.SIGKILL)
@@ -151,10 +160,7 @@ def test_a_dead_worker_stops_the_whole_job_and_leaves_no_process(tmp_path):
     assert table_exit("a process of a distributed job dies", proc.returncode)
     lines = err.strip().splitlines()
     assert lines[-1].startswith("gluon_gpu.launch: worker ") and "killed by SIGKILL" in lines[-1]
-    deadline = time.time() + 10  # the launcher has reaped them; the kernel may lag a moment
-    while job_processes(job) and time.time() < deadline:
-        time.sleep(0.05)
-    assert job_processes(job) == []
+    assert wait_until_gone(job) == []  # the launcher has reaped them; the kernel may lag a moment
 
 
 def test_timeout_stops_a_job(tmp_path):
@@ -258,16 +264,10 @@ def test_no_role_outlives_a_killed_launcher(tmp_path):
     """kill -9 of the launcher: the kernel kills every local role (PR_SET_PDEATHSIG)."""
     job = uuid.uuid4().hex
     proc = run_launch(["-n", "2", "-s", "1", "--"] + TRAIN + ["--epochs", "100", "--out", str(tmp_path / "run")], job)
-    deadline = time.time() + 120
-    while len([r for _, r in job_processes(job) if r == "worker"]) < 2:  # the whole job is up
-        assert time.time() < deadline and proc.poll() is None
-        time.sleep(0.05)
+    wait_until(lambda: len([r for _, r in job_processes(job) if r == "worker"]) == 2, proc, "the whole job up")
     proc.kill()
     assert table_exit("the launcher is killed", proc.wait())
-    deadline = time.time() + 10
-    while job_processes(job) and time.time() < deadline:
-        time.sleep(0.05)
-    assert job_processes(job) == []
+    assert wait_until_gone(job) == []  # killed by the kernel as their parent died
 
 
 # -- the job on a signal, and restarts: both must end where an uninterrupted job ends ----
@@ -275,7 +275,8 @@ LONG = TRAIN[:-4] + ["--limit", "12800", "--batch-size", "64", "--epochs", "3"] 
 
 
 def wait_until(condition, proc, what, timeout=180):
-    """Poll ``condition`` (progress: a file, a process) while the job runs."""
+    """Poll ``condition`` (progress: a file, a process) while the job runs; ``timeout``
+    only keeps a hang from stalling the suite."""
     deadline = time.time() + timeout
     while not condition():
         assert proc.poll() is None, f"the job ended before {what}: {proc.communicate()}"

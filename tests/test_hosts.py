@@ -2,14 +2,13 @@
 CI runs as root and makes them; elsewhere the tests are skipped and say why."""
 import os
 import signal
-import time
 import uuid
 
 import numpy as np
 import pytest
 
 from hosts import Hosts, why_not_possible
-from test_distributed import TRAIN, job_processes, params, run_launch
+from test_distributed import TRAIN, job_processes, params, run_launch, wait_until, wait_until_gone
 
 from conftest import read_metrics
 
@@ -31,12 +30,10 @@ def launch_on(hosts, tmp_path, worker_args, job, launcher_args=()):
                        "--scheduler-host", hosts.local, *launcher_args, "--"] + worker_args, job)
 
 
-def wait_until_gone(job, hosts, timeout=15):
-    """Remote roles end when their ssh session does; give the kernel a moment."""
-    deadline = time.time() + timeout
-    while (job_processes(job) or any(hosts.pids().values())) and time.time() < deadline:
-        time.sleep(0.05)
-    return job_processes(job), hosts.pids()
+def all_gone(job, hosts):
+    """Remote roles end when their ssh session does: the job's processes here and on the
+    hosts, once none is left (or the hang guard passed)."""
+    return wait_until_gone(job, lambda: any(hosts.pids().values())), hosts.pids()
 
 
 def test_a_dist_sync_job_across_two_hosts(hosts, tmp_path):
@@ -51,7 +48,7 @@ def test_a_dist_sync_job_across_two_hosts(hosts, tmp_path):
     assert printed.count("epoch   1/1") == 1 and "(2 workers)" in printed  # rank 0 alone prints and writes
     m = read_metrics(out)
     assert m["workers"] == 2 and m["status"] == "finished" and m["epochs"][0]["val_acc"] > 0.5
-    assert wait_until_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
+    assert all_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
 
 
 def test_sigterm_reaches_remote_workers_through_ssh(hosts, tmp_path):
@@ -59,26 +56,21 @@ def test_sigterm_reaches_remote_workers_through_ssh(hosts, tmp_path):
     out, job = str(tmp_path / "run"), uuid.uuid4().hex
     proc = launch_on(hosts, tmp_path, TRAIN + ["--epochs", "100", "--out", out, "--log-interval", "10"], job,
                      ["--grace", "120"])
-    deadline = time.time() + 180
-    while not os.path.isdir(os.path.join(out, "checkpoints", "epoch-00001-batch-0000000")):
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.05)
+    wait_until(lambda: os.path.isdir(os.path.join(out, "checkpoints", "epoch-00001-batch-0000000")), proc,
+               "checkpoint of epoch 1")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert "gluon_gpu.train: SIGTERM: stopped in epoch 2" in err
     assert read_metrics(out)["status"] == "interrupted"
-    assert wait_until_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
+    assert all_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
 
 
 def test_no_remote_role_outlives_a_killed_launcher(hosts, tmp_path):
     """kill -9 of the launcher ends its ssh sessions; each remote wrapper then kills its role."""
     job = uuid.uuid4().hex
     proc = launch_on(hosts, tmp_path, TRAIN + ["--epochs", "100", "--out", str(tmp_path / "run")], job)
-    deadline = time.time() + 180
-    while len([r for _, r in job_processes(job) if r == "worker"]) < 2:
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.05)
+    wait_until(lambda: len([r for _, r in job_processes(job) if r == "worker"]) == 2, proc, "both workers")
     proc.kill()
     proc.wait()
-    assert wait_until_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
+    assert all_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
