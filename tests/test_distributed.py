@@ -233,6 +233,45 @@ def test_slurm_mistakes_are_one_line_each(tmp_path, capsys, monkeypatch):
         "gluon_gpu.launch: error: -n/--num-workers: how many workers (outside a Slurm allocation it has no default)"]
 
 
+def role_sees(share, visible):
+    """(status, stdout, stderr) of a role under the wrapper given GPU share ``share`` on a
+    node whose step lists ``visible``; the role prints its CUDA_VISIBLE_DEVICES. The
+    control line stays open until the role is done, as the launcher's does."""
+    proc = subprocess.Popen([sys.executable, "-c", remote_role.SOURCE, sys.executable, "-c",
+                             "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, remote_role.GPU_SHARE_ENV: share, "CUDA_VISIBLE_DEVICES": visible})
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdin.close()
+    return proc.wait(), out, err
+
+
+def test_slurm_gpus_are_split_among_each_node_s_workers(monkeypatch, capsys):
+    """Every step of an --overlap job is given all of its node's GPUs: each worker's wrapper
+    narrows CUDA_VISIBLE_DEVICES to its share (Slurm's list, renumbered or not), and a
+    split that cannot be even is one line, from the launcher or from a node that differs."""
+    for name, value in (("SLURM_JOB_ID", "7"), ("SLURM_JOB_NODELIST", "n[1-2]"), ("SLURM_GPUS_ON_NODE", "4")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launch, "slurm_nodes", lambda: ["n1", "n2"])
+    args = launch.build_parser().parse_args(["-n", "4", "--", "train"])
+    placed = launch.placement(args)
+    assert "4 GPUs a node, 2 to each worker (its CUDA_VISIBLE_DEVICES)" in capsys.readouterr().err
+    workers = [(host, env[remote_role.GPU_SHARE_ENV]) for role, _, host, _, env in
+               launch.plan(args, "j", 9000, placed.hosts, cwd="/w", gpu_sharers=placed.gpu_sharers) if role == "worker"]
+    assert workers == [("n1", "0/2"), ("n2", "0/2"), ("n1", "1/2"), ("n2", "1/2")]
+    for share, visible in (("0/2", "4,5"), ("1/2", "6,7")):  # what Slurm gave the step: the node's 4 GPUs
+        assert role_sees(share, "4,5,6,7") == (0, visible + "\n", "")
+    assert role_sees("0/2", "0,1,2") == (2, "", "gluon_gpu.launch: error: this node's 3 GPUs (CUDA_VISIBLE_DEVICES "
+                                                "0,1,2) do not split evenly among its 2 workers\n")
+    assert launch.main(["-n", "3", "--", "train"]) == 2  # 2 and 1 workers a node
+    assert capsys.readouterr().err.splitlines() == [
+        "gluon_gpu.launch: error: --slurm: the 4 GPUs of each node (SLURM_GPUS_ON_NODE) do not split evenly among "
+        "-n 3 workers over 2 nodes (2/1 a node): give every node the same number of workers, one that divides 4"]
+    monkeypatch.delenv("SLURM_GPUS_ON_NODE")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert launch.placement(launch.build_parser().parse_args(["-n", "3", "--", "train"])) == (["n1", "n2"], 0)
+
+
 def test_a_port_in_use_is_one_line_naming_it(capsys):
     import socket
     with socket.socket() as held:

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import NamedTuple, Optional
 
 from ..core.platform.errors import UserError
 from ..core.platform.signals import STOP_SIGNALS
@@ -118,8 +119,36 @@ def slurm_nodes():
     return found.stdout.split()
 
 
-def plan(args, job, port, hosts=None, cwd=None, restart=0):
-    """``[(role, index, host or None, argv, env)]`` for the scheduler, servers and workers."""
+class Placement(NamedTuple):
+    """Where a job's roles go: ``hosts`` (None: all here) and, in a Slurm allocation with
+    GPUs, ``gpu_sharers``: the workers on each node, which split its GPUs (0: none to split)."""
+    hosts: Optional[list]
+    gpu_sharers: int = 0
+
+
+def slurm_gpus():
+    """The GPUs on each node of this allocation, as this node has them: SLURM_GPUS_ON_NODE,
+    else the devices CUDA_VISIBLE_DEVICES lists; 0 without."""
+    count = os.environ.get("SLURM_GPUS_ON_NODE", "")
+    if count.isdigit():
+        return int(count)
+    return len([d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()])
+
+
+def split_gpus(num_workers, hosts, gpus):
+    """The workers on each node (dealt round-robin), once they split its ``gpus`` evenly."""
+    dealt = [num_workers // len(hosts) + (h < num_workers % len(hosts)) for h in range(len(hosts))]
+    counts = sorted(set(dealt) - {0})
+    if len(counts) > 1 or gpus % counts[0]:
+        raise UserError(f"--slurm: the {gpus} GPUs of each node (SLURM_GPUS_ON_NODE) do not split evenly among "
+                        f"-n {num_workers} workers over {len(hosts)} nodes ({'/'.join(map(str, dealt))} a node): "
+                        f"give every node the same number of workers, one that divides {gpus}")
+    return counts[0]
+
+
+def plan(args, job, port, hosts=None, cwd=None, restart=0, gpu_sharers=0):
+    """``[(role, index, host or None, argv, env)]`` for the scheduler, servers and workers;
+    ``gpu_sharers``: see Placement (each worker's share named for its wrapper, remote_role.py)."""
     root = "127.0.0.1" if not hosts else (args.scheduler_host or socket.gethostbyname(socket.gethostname()))
     base = {"DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
             "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
@@ -135,6 +164,8 @@ def plan(args, job, port, hosts=None, cwd=None, restart=0):
         for i in range(count):
             host = hosts[i % len(hosts)] if hosts else None
             env = {**base, "DMLC_ROLE": role, **({} if host else {"DMLC_NODE_HOST": "127.0.0.1"})}
+            if role == "worker" and gpu_sharers:  # worker i is the (i // nodes)-th on its node
+                env[remote_role.GPU_SHARE_ENV] = f"{i // len(hosts)}/{gpu_sharers}"
             remote = srun_command if args.slurm else ssh_command
             argv = cmd if host is None else remote(host, env, cmd, cwd or os.getcwd(), args.python, args.ssh_config)
             procs.append((role, i, host, argv, env))
@@ -285,9 +316,9 @@ def _describe(code):
     return f"exited with status {code}"
 
 
-def _hosts(args):
-    """The hosts the roles go to (None: here), from --hostfile or the Slurm allocation,
-    which also gives the worker count when -n is not."""
+def placement(args):
+    """Where the roles go (Placement), from --hostfile or the Slurm allocation, which also
+    gives the worker count when -n is not, and the GPUs each node's workers split."""
     if args.slurm is None:
         args.slurm = bool(os.environ.get("SLURM_JOB_ID")) and not args.hostfile
     if args.slurm and args.hostfile:
@@ -297,11 +328,15 @@ def _hosts(args):
         args.num_workers = int(os.environ.get("SLURM_NTASKS") or len(hosts))
     if args.num_workers is None:
         raise UserError("-n/--num-workers: how many workers (outside a Slurm allocation it has no default)")
-    if args.slurm:
-        print(f"gluon_gpu.launch: Slurm job {os.environ['SLURM_JOB_ID']}: {args.num_servers} server(s) and "
-              f"{args.num_workers} worker(s) over {', '.join(hosts)} through srun; the scheduler here",
-              file=sys.stderr, flush=True)
-    return hosts
+    if not args.slurm:
+        return Placement(hosts)
+    gpus = slurm_gpus()
+    sharers = split_gpus(args.num_workers, hosts, gpus) if gpus else 0
+    print(f"gluon_gpu.launch: Slurm job {os.environ['SLURM_JOB_ID']}: {args.num_servers} server(s) and "
+          f"{args.num_workers} worker(s) over {', '.join(hosts)} through srun; the scheduler here"
+          + (f"; {gpus} GPUs a node, {gpus // sharers} to each worker (its CUDA_VISIBLE_DEVICES)" if gpus else ""),
+          file=sys.stderr, flush=True)
+    return Placement(hosts, sharers)
 
 
 @main_guard("gluon_gpu.launch")
@@ -311,7 +346,7 @@ def main(argv=None):
         args.command = args.command[1:]
     if not args.command:
         raise UserError("no worker command: put it after --")
-    hosts = _hosts(args)
+    placed = placement(args)
     if args.port:
         check_port(args.port)
     job_id = os.environ.get(JOB_ENV) or uuid.uuid4().hex  # a caller may name the job
@@ -324,7 +359,8 @@ def main(argv=None):
             print(f"gluon_gpu.launch: {failure}; restart {restart} of {args.max_restarts}: the workers "
                   "resume from the newest complete checkpoint", file=sys.stderr, flush=True)
         try:
-            job = Job(plan(args, job_id, args.port or free_port(), hosts, restart=restart), args.grace)
+            job = Job(plan(args, job_id, args.port or free_port(), placed.hosts, restart=restart,
+                           gpu_sharers=placed.gpu_sharers), args.grace)
         except CannotStart as e:
             print(f"gluon_gpu.launch: error: {e}", file=sys.stderr)
             return 2

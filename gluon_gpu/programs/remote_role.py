@@ -18,6 +18,28 @@ import threading
 
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 CONTROL = ("SIGTERM", "SIGHUP", "SIGINT")  # what the control line may ask for
+GPU_SHARE_ENV = "GLUON_GPU_GPU_SHARE"  # "J/W": the role is worker J of the W on its node, which share its GPUs
+
+
+class NoShare(Exception):
+    """This node's GPUs do not split into the launcher's shares; the message says why."""
+
+
+def gpu_share(environ):
+    """The environment the role gets: with GPU_SHARE_ENV "J/W", CUDA_VISIBLE_DEVICES
+    narrowed to the J-th of W equal parts of the GPUs this process sees (those Slurm
+    lists in CUDA_VISIBLE_DEVICES, else SLURM_GPUS_ON_NODE's count): every step of an
+    ``--overlap`` job is given all of its node's GPUs, and W workers would each take all."""
+    if not environ.get(GPU_SHARE_ENV):
+        return environ
+    j, w = (int(v) for v in environ[GPU_SHARE_ENV].split("/"))
+    visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()] or \
+        [str(g) for g in range(int(environ.get("SLURM_GPUS_ON_NODE") or 0))]
+    if not visible or len(visible) % w:
+        raise NoShare(f"this node's {len(visible)} GPUs (CUDA_VISIBLE_DEVICES {','.join(visible) or 'empty'}) "
+                      f"do not split evenly among its {w} workers")
+    each = len(visible) // w
+    return {**environ, "CUDA_VISIBLE_DEVICES": ",".join(visible[j * each:(j + 1) * each])}
 
 
 def die_with_parent():
@@ -52,7 +74,10 @@ def _obey(control, child):
 def run(command):
     try:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
-                                 preexec_fn=die_with_parent)
+                                 preexec_fn=die_with_parent, env=gpu_share(dict(os.environ)))
+    except NoShare as e:
+        print(f"gluon_gpu.launch: error: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"gluon_gpu.launch: cannot start {command[0]} on this host: {e.strerror or e}", file=sys.stderr)
         return 127
