@@ -4,6 +4,7 @@ ports, state and configuration in a temporary folder, and stopped after. Root on
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import time
 
@@ -52,21 +53,43 @@ SelectTypeParameters=CR_Core
 ReturnToService=2
 KillWait=30
 MpiDefault=none
-JobAcctGatherType=jobacct_gather/none
+{gres_types}JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 {gres}State=UNKNOWN
 PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
 
 
+FAKE_GPUS = 4  # GPUs the node says it has: devices that are /dev/null (see Cluster.gpus)
+
+
+def fake_gpus(root, count=FAKE_GPUS):
+    """slurm.conf's and gres.conf's lines for ``count`` GPUs (gres/gpu) whose device files
+    are character devices like /dev/null under ``root``: Slurm hands them out and sets
+    SLURM_GPUS_ON_NODE and CUDA_VISIBLE_DEVICES as on GPU nodes; nothing opens them.
+    ``("", "", "")`` where no device can be made (not root, a nodev file system)."""
+    try:
+        for i in range(count):
+            os.mknod(os.path.join(root, f"fakegpu{i}"), 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except OSError:
+        return "", "", ""
+    return ("GresTypes=gpu\n", f"Gres=gpu:{count} ",
+            f"NodeName={socket.gethostname()} Name=gpu File={root}/fakegpu[0-{count - 1}]\n")
+
+
 class Cluster:
     """munged, slurmctld and slurmd of one node (this machine, by its hostname); ``env``
-    points Slurm's clients at it (SLURM_CONF)."""
+    points Slurm's clients at it (SLURM_CONF). ``gpus``: the node's fake GPUs (fake_gpus;
+    0: none could be made)."""
 
     def __init__(self, root):
         self.root = str(root)
         for sub in ("state", "spool"):
             os.makedirs(os.path.join(self.root, sub))
+        gres_types, gres, gres_conf = fake_gpus(self.root)
+        self.gpus = FAKE_GPUS if gres else 0
+        with open(os.path.join(self.root, "gres.conf"), "w") as f:
+            f.write(gres_conf)
         key = os.path.join(self.root, "munge.key")
         with open(key, "wb") as f:
             f.write(os.urandom(1024))
@@ -74,7 +97,7 @@ class Cluster:
         conf = os.path.join(self.root, "slurm.conf")
         with open(conf, "w") as f:
             f.write(CONFIG.format(host=socket.gethostname(), root=self.root, ctld_port=_free_port(),
-                                  d_port=_free_port(), cpus=os.cpu_count()))
+                                  d_port=_free_port(), cpus=os.cpu_count(), gres_types=gres_types, gres=gres))
         self.env = {**os.environ, "SLURM_CONF": conf}
         subprocess.run([DAEMONS["munged"], "--force", f"--socket={self.root}/munge.socket", f"--key-file={key}",
                         f"--pid-file={self.root}/munged.pid", f"--log-file={self.root}/munged.log",

@@ -5,6 +5,7 @@ and leaves nothing, a lost worker step is restarted inside the allocation, and t
 script of docs/distributed.md runs as written."""
 import os
 import re
+import shlex
 import signal
 import sys
 import uuid
@@ -159,3 +160,19 @@ def test_the_job_script_of_the_docs_runs_as_written_and_equals_one_process(clust
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
     assert read_metrics(out)["workers"] == 2 and read_metrics(out)["status"] == "finished"
     assert job_processes(job.marker) == []
+
+
+def test_the_workers_on_a_node_split_its_gpus(cluster, tmp_path):
+    """A job given the node's 4 GPUs (fake ones: slurm_cluster.fake_gpus): every --overlap
+    step is given all 4, and each of the 2 workers on the node gets its 2, as the
+    launcher's first line says. The workers only write down what they see."""
+    if not cluster.gpus:
+        pytest.skip("no fake GPU device could be made here (mknod), so Slurm has no GPUs to hand out")
+    seen = tmp_path / "seen"
+    os.makedirs(seen)
+    worker = f"import os; open(os.path.join({str(seen)!r}, str(os.getpid())), 'w').write(os.environ['CUDA_VISIBLE_DEVICES'])"
+    line = "exec " + " ".join(LAUNCH + ["--grace", "1", "--", PYTHON, "-c", shlex.quote(worker)])
+    job = Submitted(cluster, tmp_path, [line], "--ntasks=2", f"--gpus-per-node={cluster.gpus}", wait=True)
+    assert job.code == 0, job.text()
+    assert "4 GPUs a node, 2 to each worker (its CUDA_VISIBLE_DEVICES)" in job.text(), job.text()
+    assert sorted((seen / name).read_text() for name in os.listdir(seen)) == ["0,1", "2,3"]
