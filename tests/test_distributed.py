@@ -303,7 +303,7 @@ def test_no_role_outlives_a_killed_launcher(tmp_path):
     """kill -9 of the launcher: the kernel kills every local role (PR_SET_PDEATHSIG)."""
     job = uuid.uuid4().hex
     proc = run_launch(["-n", "2", "-s", "1", "--"] + TRAIN + ["--epochs", "100", "--out", str(tmp_path / "run")], job)
-    wait_until(lambda: len([r for _, r in job_processes(job) if r == "worker"]) == 2, proc, "the whole job up")
+    wait_until(lambda: len([r for _, r in job_processes(job) if r == "worker"]) >= 2, proc, "the whole job up")
     proc.kill()
     assert table_exit("the launcher is killed", proc.wait())
     assert wait_until_gone(job) == []  # killed by the kernel as their parent died

@@ -70,7 +70,7 @@ def test_no_remote_role_outlives_a_killed_launcher(hosts, tmp_path):
     """kill -9 of the launcher ends its ssh sessions; each remote wrapper then kills its role."""
     job = uuid.uuid4().hex
     proc = launch_on(hosts, tmp_path, TRAIN + ["--epochs", "100", "--out", str(tmp_path / "run")], job)
-    wait_until(lambda: len([r for _, r in job_processes(job) if r == "worker"]) == 2, proc, "both workers")
+    wait_until(lambda: len([r for _, r in job_processes(job) if r == "worker"]) >= 2, proc, "both workers")
     proc.kill()
     proc.wait()
     assert all_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
