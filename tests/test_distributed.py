@@ -261,9 +261,11 @@ def test_slurm_gpus_are_split_among_each_node_s_workers(monkeypatch, capsys):
     assert workers == [("n1", "0/2"), ("n2", "0/2"), ("n1", "1/2"), ("n2", "1/2")]
     for share, visible in (("0/2", "4,5"), ("1/2", "6,7")):  # what Slurm gave the step: the node's 4 GPUs
         assert role_sees(share, "4,5,6,7") == (0, visible + "\n", "")
-    assert role_sees("0/2", "0,1,2") == (2, "", "gluon_gpu.launch: error: this node's 3 GPUs (CUDA_VISIBLE_DEVICES "
-                                                "0,1,2) do not split evenly among its 2 workers\n")
-    assert launch.main(["-n", "3", "--", "train"]) == 2  # 2 and 1 workers a node
+    status, *said = role_sees("0/2", "0,1,2")
+    assert table_exit("`launch` in a Slurm allocation whose GPUs", status) and said == [
+        "", "gluon_gpu.launch: error: this node's 3 GPUs (CUDA_VISIBLE_DEVICES 0,1,2) do not split evenly among its 2 "
+            "workers\n"]
+    assert table_exit("`launch` in a Slurm allocation whose GPUs", launch.main(["-n", "3", "--", "train"]))
     assert capsys.readouterr().err.splitlines() == [
         "gluon_gpu.launch: error: --slurm: the 4 GPUs of each node (SLURM_GPUS_ON_NODE) do not split evenly among "
         "-n 3 workers over 2 nodes (2/1 a node): give every node the same number of workers, one that divides 4"]
