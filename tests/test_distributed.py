@@ -253,9 +253,11 @@ def test_slurm_gpus_are_split_among_each_node_s_workers(monkeypatch, capsys):
     for name, value in (("SLURM_JOB_ID", "7"), ("SLURM_JOB_NODELIST", "n[1-2]"), ("SLURM_GPUS_ON_NODE", "4")):
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(launch, "slurm_nodes", lambda: ["n1", "n2"])
+    monkeypatch.setattr(launch, "slurm_node_address", lambda: "10.1.2.3")
     args = launch.build_parser().parse_args(["-n", "4", "--", "train"])
     placed = launch.placement(args)
-    assert "4 GPUs a node, 2 to each worker (its CUDA_VISIBLE_DEVICES)" in capsys.readouterr().err
+    assert "the scheduler here, at 10.1.2.3; 4 GPUs a node, 2 to each worker (its CUDA_VISIBLE_DEVICES)" in \
+        capsys.readouterr().err
     workers = [(host, env[remote_role.GPU_SHARE_ENV]) for role, _, host, _, env in
                launch.plan(args, "j", 9000, placed.hosts, cwd="/w", gpu_sharers=placed.gpu_sharers) if role == "worker"]
     assert workers == [("n1", "0/2"), ("n2", "0/2"), ("n1", "1/2"), ("n2", "1/2")]
@@ -272,6 +274,22 @@ def test_slurm_gpus_are_split_among_each_node_s_workers(monkeypatch, capsys):
     monkeypatch.delenv("SLURM_GPUS_ON_NODE")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert launch.placement(launch.build_parser().parse_args(["-n", "3", "--", "train"])) == (["n1", "n2"], 0)
+
+
+def test_under_slurm_the_scheduler_listens_at_this_node_s_nodeaddr(tmp_path, monkeypatch):
+    """Not at what the hostname resolves to (Debian maps it to 127.0.1.1): at the address
+    Slurm reaches the node at; one line when scontrol cannot say."""
+    fake = tmp_path / "scontrol"
+    fake.write_text("#!/bin/sh\n[ \"$3\" = node7 ] && echo 'NodeName=node7 Arch=x86_64\n   NodeAddr=10.9.8.7 "
+                    "NodeHostName=node7' && exit 0\necho \"Node $3 not found\" >&2; exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURMD_NODENAME", "node7")
+    assert launch.slurm_node_address() == "10.9.8.7"
+    monkeypatch.setenv("SLURMD_NODENAME", "node8")
+    with pytest.raises(launch.UserError, match=r"^--slurm: cannot find the address of this node \(node8\) with "
+                                               r"scontrol: Node node8 not found; pass --scheduler-host$"):
+        launch.slurm_node_address()
 
 
 def test_a_port_in_use_is_one_line_naming_it(capsys):

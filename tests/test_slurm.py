@@ -174,5 +174,6 @@ def test_the_workers_on_a_node_split_its_gpus(cluster, tmp_path):
     line = "exec " + " ".join(LAUNCH + ["--grace", "1", "--", PYTHON, "-c", shlex.quote(worker)])
     job = Submitted(cluster, tmp_path, [line], "--ntasks=2", f"--gpus-per-node={cluster.gpus}", wait=True)
     assert job.code == 0, job.text()
-    assert "4 GPUs a node, 2 to each worker (its CUDA_VISIBLE_DEVICES)" in job.text(), job.text()
+    assert "the scheduler here, at 127.0.0.1; 4 GPUs a node, 2 to each worker (its CUDA_VISIBLE_DEVICES)" in \
+        job.text(), job.text()  # 127.0.0.1: the test node's NodeAddr
     assert sorted((seen / name).read_text() for name in os.listdir(seen)) == ["0,1", "2,3"]

@@ -24,6 +24,7 @@ stopped with it.
 """
 import argparse
 import os
+import re
 import shlex
 import signal
 import socket
@@ -50,7 +51,8 @@ def build_parser():
     p.add_argument("-s", "--num-servers", type=positive_int, default=1)
     p.add_argument("--hostfile", help="one host per line ([user@]host[:ssh-port]); default: all local")
     p.add_argument("--scheduler-host", default=None,
-                   help="address the hosts reach this machine at (hostfile mode; default: its hostname)")
+                   help="address the other hosts reach this machine's scheduler at (default: in a Slurm "
+                        "allocation this node's NodeAddr, else its hostname's)")
     p.add_argument("--port", type=port_number, default=0, help="scheduler port (0: a free one)")
     p.add_argument("--timeout", type=non_negative_int, default=0, help="seconds before the job is stopped (0: none)")
     p.add_argument("--grace", type=positive_int, default=10,
@@ -117,6 +119,22 @@ def slurm_nodes():
     if found.returncode != 0 or not found.stdout.split():
         raise UserError(f"--slurm: scontrol cannot list the nodes of {listed}: {found.stderr.strip()}")
     return found.stdout.split()
+
+
+def slurm_node_address():
+    """The address Slurm reaches this node at (its NodeAddr, from scontrol), for the
+    scheduler that listens here: the hostname may resolve to loopback (Debian's /etc/hosts
+    maps it to 127.0.1.1), which the other nodes cannot reach."""
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    shown = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True)
+    named = re.search(r"\bNodeAddr=(\S+)", shown.stdout)
+    try:
+        if shown.returncode == 0 and named:
+            return socket.gethostbyname(named[1])
+    except OSError:
+        pass
+    raise UserError(f"--slurm: cannot find the address of this node ({node}) with scontrol: "
+                    f"{shown.stderr.strip() or 'no NodeAddr it can resolve'}; pass --scheduler-host")
 
 
 class Placement(NamedTuple):
@@ -330,10 +348,12 @@ def placement(args):
         raise UserError("-n/--num-workers: how many workers (outside a Slurm allocation it has no default)")
     if not args.slurm:
         return Placement(hosts)
+    args.scheduler_host = args.scheduler_host or slurm_node_address()
     gpus = slurm_gpus()
     sharers = split_gpus(args.num_workers, hosts, gpus) if gpus else 0
     print(f"gluon_gpu.launch: Slurm job {os.environ['SLURM_JOB_ID']}: {args.num_servers} server(s) and "
-          f"{args.num_workers} worker(s) over {', '.join(hosts)} through srun; the scheduler here"
+          f"{args.num_workers} worker(s) over {', '.join(hosts)} through srun; the scheduler here, at "
+          f"{args.scheduler_host}"
           + (f"; {gpus} GPUs a node, {gpus // sharers} to each worker (its CUDA_VISIBLE_DEVICES)" if gpus else ""),
           file=sys.stderr, flush=True)
     return Placement(hosts, sharers)
