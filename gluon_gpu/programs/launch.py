@@ -144,15 +144,6 @@ class Placement(NamedTuple):
     gpu_sharers: int = 0
 
 
-def slurm_gpus():
-    """The GPUs on each node of this allocation, as this node has them: SLURM_GPUS_ON_NODE,
-    else the devices CUDA_VISIBLE_DEVICES lists; 0 without."""
-    count = os.environ.get("SLURM_GPUS_ON_NODE", "")
-    if count.isdigit():
-        return int(count)
-    return len([d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()])
-
-
 def split_gpus(num_workers, hosts, gpus):
     """The workers on each node (dealt round-robin), once they split its ``gpus`` evenly."""
     dealt = [num_workers // len(hosts) + (h < num_workers % len(hosts)) for h in range(len(hosts))]
@@ -349,7 +340,7 @@ def placement(args):
     if not args.slurm:
         return Placement(hosts)
     args.scheduler_host = args.scheduler_host or slurm_node_address()
-    gpus = slurm_gpus()
+    gpus = remote_role.counted_gpus(os.environ) or len(remote_role.listed_gpus(os.environ))  # as this node has them
     sharers = split_gpus(args.num_workers, hosts, gpus) if gpus else 0
     print(f"gluon_gpu.launch: Slurm job {os.environ['SLURM_JOB_ID']}: {args.num_servers} server(s) and "
           f"{args.num_workers} worker(s) over {', '.join(hosts)} through srun; the scheduler here, at "

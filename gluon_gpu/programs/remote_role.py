@@ -21,6 +21,17 @@ CONTROL = ("SIGTERM", "SIGHUP", "SIGINT")  # what the control line may ask for
 GPU_SHARE_ENV = "GLUON_GPU_GPU_SHARE"  # "J/W": the role is worker J of the W on its node, which share its GPUs
 
 
+def listed_gpus(environ):
+    """The GPUs ``environ``'s CUDA_VISIBLE_DEVICES lists (Slurm sets it for a step)."""
+    return [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+
+
+def counted_gpus(environ):
+    """The GPUs Slurm gave the job on this node (SLURM_GPUS_ON_NODE), 0 unsaid."""
+    count = environ.get("SLURM_GPUS_ON_NODE", "")
+    return int(count) if count.isdigit() else 0
+
+
 class NoShare(Exception):
     """This node's GPUs do not split into the launcher's shares; the message says why."""
 
@@ -33,8 +44,7 @@ def gpu_share(environ):
     if not environ.get(GPU_SHARE_ENV):
         return environ
     j, w = (int(v) for v in environ[GPU_SHARE_ENV].split("/"))
-    visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()] or \
-        [str(g) for g in range(int(environ.get("SLURM_GPUS_ON_NODE") or 0))]
+    visible = listed_gpus(environ) or [str(g) for g in range(counted_gpus(environ))]
     if not visible or len(visible) % w:
         raise NoShare(f"this node's {len(visible)} GPUs (CUDA_VISIBLE_DEVICES {','.join(visible) or 'empty'}) "
                       f"do not split evenly among its {w} workers")

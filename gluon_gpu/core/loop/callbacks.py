@@ -163,12 +163,12 @@ class GuessingWatch(Callback):
     NEAR, FALLING = 0.05, 0.01  # near a cost of guessing: the softmax ignores the input
 
     def __init__(self, class_counts, lr, say, epochs=2):
-        self.classes, total = len(class_counts), sum(class_counts)
+        classes, total = len(class_counts), sum(class_counts)
         self.lr, self.say, self.epochs, self.warned = lr, say, epochs, False
         self.levels = {}  # a cost of guessing -> (what it is, another likely cause), for the warning
-        if self.classes > 1 and total:
-            even = math.log(self.classes)
-            self.levels[even] = (f"guessing among {self.classes} classes (ln {self.classes} = {even:.4f})", "")
+        if classes > 1 and total:
+            even = math.log(classes)
+            self.levels[even] = (f"guessing among {classes} classes (ln {classes} = {even:.4f})", "")
             prior = -sum(c / total * math.log(c / total) for c in class_counts if c)
             if abs(prior - even) > self.NEAR * even:
                 self.levels[prior] = (f"predicting the training labels' class frequencies whatever the input "

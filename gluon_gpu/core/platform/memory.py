@@ -64,17 +64,26 @@ def size_text(nbytes):
     return f"{nbytes} bytes"
 
 
+def _by_memory(needs):
+    """{memory: bytes} of ``needs``, (device or "host", bytes) pairs: CPU contexts share the
+    host's memory, so their needs add up."""
+    totals = {}
+    for device, nbytes in needs:
+        totals[_memory_of(device)] = totals.get(_memory_of(device), 0) + nbytes
+    return totals
+
+
+def _memory_name(memory):
+    return "the host" if memory == "host" else str(memory)
+
+
 def shortfall(needs):
     """The first memory that ``needs``, {device or "host": bytes}, would overflow, as
-    ``(where, need, free)``; None when all fit. CPU contexts share the host's memory, so
-    their needs add up."""
-    totals = {}
-    for device, nbytes in needs.items():
-        totals[_memory_of(device)] = totals.get(_memory_of(device), 0) + nbytes
-    for memory, nbytes in totals.items():
+    ``(where, need, free)``; None when all fit (see _by_memory)."""
+    for memory, nbytes in _by_memory(needs.items()).items():
         free = available_bytes(memory)
         if nbytes > free:
-            return ("the host" if memory == "host" else str(memory)), nbytes, free
+            return _memory_name(memory), nbytes, free
     return None
 
 
@@ -101,12 +110,9 @@ def recording():
 def total_text(passed):
     """What the checks ``passed`` (a :func:`recording` list) need together, for a person:
     each check compares its own need with the free memory, the whole run needs the sum."""
-    totals = {}
-    for need in passed:
-        for device, nbytes in need.needs.items():
-            totals[_memory_of(device)] = totals.get(_memory_of(device), 0) + nbytes
-    parts = [f"{size_text(nbytes)} of {'the host' if memory == 'host' else memory}'s "
-             f"{size_text(available_bytes(memory))} free" for memory, nbytes in totals.items()]
+    totals = _by_memory(pair for need in passed for pair in need.needs.items())
+    parts = [f"{size_text(nbytes)} of {_memory_name(memory)}'s {size_text(available_bytes(memory))} free"
+             for memory, nbytes in totals.items()]
     if not parts:
         return "no memory estimated"
     return f"about {' and '.join(parts)}: " + "; ".join(
