@@ -1,5 +1,6 @@
-"""Real hosts on one machine for the launcher's --hostfile: network namespaces joined by a
-bridge, each running Debian's openssh-server with a key made for the test. Root only."""
+"""Real hosts on one machine: network namespaces joined by a bridge (Namespaces), for the
+launcher's --hostfile each running Debian's openssh-server with a key made for the test
+(Hosts), and as a Slurm cluster's nodes (slurm_cluster.py). Root only."""
 import os
 import shutil
 import subprocess
@@ -7,17 +8,15 @@ import time
 import uuid
 
 SSHD = "/usr/sbin/sshd"
+NSENTER = "/usr/bin/nsenter"
 
 
-def why_not_possible():
-    """None when namespace hosts can be made here, else the reason."""
+def why_no_namespaces():
+    """None when network namespaces can be made here, else the reason."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for tool in ("ip", "ssh", "ssh-keygen"):
-        if not shutil.which(tool):
-            return f"{tool} is not installed"
-    if not os.access(SSHD, os.X_OK):
-        return f"{SSHD} is missing (Debian's openssh-server; make test installs it as root)"
+    if not shutil.which("ip"):
+        return "ip is not installed"
     probe = f"ggp{uuid.uuid4().hex[:8]}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode:
@@ -26,23 +25,32 @@ def why_not_possible():
     return None
 
 
+def why_not_possible():
+    """None when namespace hosts with sshd can be made here, else the reason."""
+    for tool in ("ssh", "ssh-keygen"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed"
+    if not os.access(SSHD, os.X_OK):
+        return f"{SSHD} is missing (Debian's openssh-server; make test installs it as root)"
+    return why_no_namespaces()
+
+
 def _ip(*args, ns=None):
     cmd = (["ip", "netns", "exec", ns] if ns else []) + ["ip"] + list(args)
     subprocess.run(cmd, check=True, capture_output=True)
 
 
-class Hosts:
-    """``count`` hosts 10.231.N.2, .3, ... reaching this machine at 10.231.N.1, with an
-    ssh client configuration (``ssh_config``) that logs into each as root."""
+class Namespaces:
+    """``count`` network namespaces 10.231.N.2, .3, ... joined by a bridge, reaching this
+    machine at 10.231.N.1: hosts of their own to the network, sharing its files."""
 
     def __init__(self, root, count=2):
         tag = uuid.uuid4().hex[:6]
-        self.root, self.bridge = root, f"ggb{tag}"
+        self.bridge = f"ggb{tag}"
         subnet = 100 + int(tag, 16) % 100
         self.local = f"10.231.{subnet}.1"
         self.addresses = [f"10.231.{subnet}.{i + 2}" for i in range(count)]
         self.namespaces = [f"gg{tag}h{i}" for i in range(count)]
-        self.sshd = []
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.local}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
@@ -55,6 +63,42 @@ class Hosts:
             _ip("addr", "add", f"{address}/24", "dev", inside, ns=ns)
             _ip("link", "set", inside, "up", ns=ns)
             _ip("link", "set", "lo", "up", ns=ns)
+        self.names = [f"node{i}" for i in range(count)]
+        self.hosts_file = str(root / "hosts")
+        with open("/etc/hosts") as f, open(self.hosts_file, "w") as out:
+            out.write(f.read() + "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.names)))
+
+    def resolving(self, argv):
+        """``argv`` run where the hosts' names (node0, ...) resolve: /etc/hosts replaced by
+        hosts_file in a mount namespace of its own."""
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                f'mount --bind {self.hosts_file} /etc/hosts && exec "$@"', "sh"] + list(argv)
+
+    def on_host(self, index, argv):
+        """``argv`` run on host ``index``: its network, its hostname (a UTS namespace), the
+        hosts' names resolving; this machine's files otherwise (nsenter, not ip netns exec,
+        which mounts a /sys of its own without /sys/fs/cgroup)."""
+        return [NSENTER, f"--net=/run/netns/{self.namespaces[index]}", "unshare", "--uts", "sh", "-c",
+                f'hostname {self.names[index]} && exec "$@"', "sh"] + self.resolving(argv)
+
+    def pids_in(self, ns):
+        """The PIDs running in namespace ``ns``."""
+        out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        return sorted(int(p) for p in out)
+
+    def close(self):
+        for ns in self.namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+class Hosts(Namespaces):
+    """Namespaces, each running sshd, with an ssh client configuration (``ssh_config``)
+    that logs into each as root."""
+
+    def __init__(self, root, count=2):
+        super().__init__(root, count)
+        self.root, self.sshd = root, []
         self._keys()
         for ns, address in zip(self.namespaces, self.addresses):
             self.sshd.append(self._start_sshd(ns, address))
@@ -95,16 +139,10 @@ class Hosts:
         """PIDs in each namespace other than its sshd listener."""
         listeners = {p.pid for p in self.sshd} | {int(open(self.root / (ns + ".pid")).read())
                                                  for ns in self.namespaces if (self.root / (ns + ".pid")).exists()}
-        found = {}
-        for ns in self.namespaces:
-            out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-            found[ns] = sorted(int(p) for p in out if int(p) not in listeners)
-        return found
+        return {ns: [p for p in self.pids_in(ns) if p not in listeners] for ns in self.namespaces}
 
     def close(self):
         for p in self.sshd:
             p.kill()
             p.wait()
-        for ns in self.namespaces:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        super().close()

@@ -1,6 +1,8 @@
-"""A real single-node Slurm cluster on this machine for the launcher's --slurm: Debian's
-slurm-wlm (slurmctld + slurmd) and munge, started as root with their own key, socket,
-ports, state and configuration in a temporary folder, and stopped after. Root only."""
+"""A real Slurm cluster on this machine for the launcher's --slurm: Debian's slurm-wlm
+(slurmctld + slurmd) and munge, started as root with their own key, socket, ports, state
+and configuration in a temporary folder, and stopped after. One node (this machine), or
+one node per network namespace (hosts.Namespaces: a slurmd each, ``slurmd -N``, reached
+at the namespace's address). Root only."""
 import os
 import shutil
 import socket
@@ -31,18 +33,18 @@ def _free_port():
 
 
 CONFIG = """ClusterName=gluongpu
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({ctld_address})
 AuthType=auth/munge
 AuthInfo=socket={root}/munge.socket
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 ProctrackType=proctrack/linuxproc
@@ -52,11 +54,11 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 KillWait=30
+SlurmdTimeout={slurmd_timeout}
 MpiDefault=none
 {gres_types}JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 {gres}State=UNKNOWN
-PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+{node_lines}PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
 
 
@@ -78,15 +80,15 @@ def fake_gpus(root, count=FAKE_GPUS):
 
 
 class Cluster:
-    """munged, slurmctld and slurmd of one node (this machine, by its hostname); ``env``
-    points Slurm's clients at it (SLURM_CONF). ``gpus``: the node's fake GPUs (fake_gpus;
-    0: none could be made)."""
+    """munged, slurmctld and slurmd: of one node (this machine, by its hostname), or of
+    node0, node1, ... in ``nodes`` (hosts.Namespaces), a slurmd in each namespace, where
+    a node stops answering (SlurmdTimeout) after 10 s. ``env`` points Slurm's clients at
+    it (SLURM_CONF). ``gpus``: the single node's fake GPUs (fake_gpus; 0: none made)."""
 
-    def __init__(self, root):
-        self.root = str(root)
-        for sub in ("state", "spool"):
-            os.makedirs(os.path.join(self.root, sub))
-        gres_types, gres, gres_conf = fake_gpus(self.root)
+    def __init__(self, root, nodes=None):
+        self.root, self.nodes = str(root), nodes
+        os.makedirs(os.path.join(self.root, "state"))
+        gres_types, gres, gres_conf = fake_gpus(self.root) if nodes is None else ("", "", "")
         self.gpus = FAKE_GPUS if gres else 0
         with open(os.path.join(self.root, "gres.conf"), "w") as f:
             f.write(gres_conf)
@@ -97,14 +99,36 @@ class Cluster:
         conf = os.path.join(self.root, "slurm.conf")
         with open(conf, "w") as f:
             f.write(CONFIG.format(host=socket.gethostname(), root=self.root, ctld_port=_free_port(),
-                                  d_port=_free_port(), cpus=os.cpu_count(), gres_types=gres_types, gres=gres))
+                                  d_port=_free_port(), gres_types=gres_types, **self._nodes(gres)))
         self.env = {**os.environ, "SLURM_CONF": conf}
         subprocess.run([DAEMONS["munged"], "--force", f"--socket={self.root}/munge.socket", f"--key-file={key}",
                         f"--pid-file={self.root}/munged.pid", f"--log-file={self.root}/munged.log",
                         f"--seed-file={self.root}/munged.seed"], check=True, capture_output=True)
-        subprocess.run([DAEMONS["slurmctld"], "-c"], env=self.env, check=True, capture_output=True)
-        subprocess.run([DAEMONS["slurmd"]], env=self.env, check=True, capture_output=True)
+        self._start([DAEMONS["slurmctld"], "-c"] if nodes is None else nodes.resolving([DAEMONS["slurmctld"], "-c"]))
+        for i, (name, _) in enumerate(self.node_names()):
+            os.makedirs(os.path.join(self.root, f"spool-{name}"))
+            self._start([DAEMONS["slurmd"]] if nodes is None else nodes.on_host(i, [DAEMONS["slurmd"], "-N", name]))
         self._wait_idle()
+
+    def _start(self, argv):
+        subprocess.run(argv, env=self.env, check=True, capture_output=True)
+
+    def node_names(self):
+        """``[(node, its namespace or None)]``."""
+        if self.nodes is None:
+            return [(socket.gethostname(), None)]
+        return list(zip(self.nodes.names, self.nodes.namespaces))
+
+    def _nodes(self, gres):
+        """slurm.conf's values that depend on the nodes."""
+        cpus = os.cpu_count()
+        if self.nodes is None:
+            return {"ctld_address": "127.0.0.1", "slurmd_timeout": 300, "node_lines":
+                    f"NodeName={socket.gethostname()} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 {gres}"
+                    "State=UNKNOWN\n"}
+        lines = "".join(f"NodeName={name} NodeAddr={address} CPUs={cpus} RealMemory=1000 State=UNKNOWN\n"
+                        for (name, _), address in zip(self.node_names(), self.nodes.addresses))
+        return {"ctld_address": self.nodes.local, "slurmd_timeout": 10, "node_lines": lines}
 
     def _wait_idle(self, timeout=60):
         """Until the node takes jobs (sinfo says idle)."""
@@ -122,10 +146,25 @@ class Cluster:
     def queued(self, job):
         return self.run("squeue", "-h", "-j", str(job)).stdout.strip() != ""
 
-    def stop(self):
-        for name in ("slurmd", "slurmctld", "munged"):
+    def kill_node(self, index):
+        """Node ``index`` fails as a machine does: every process in its namespace (its
+        slurmd, the job's steps there) killed at once."""
+        name, namespace = self.node_names()[index]
+        for pid in self.nodes.pids_in(namespace):
             try:
-                with open(os.path.join(self.root, f"{name}.pid")) as f:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        return name
+
+    def node_state(self, name):
+        return self.run("sinfo", "-h", "-n", name, "-o", "%t").stdout.strip()
+
+    def stop(self):
+        pid_files = [f"slurmd-{name}.pid" for name, _ in self.node_names()] + ["slurmctld.pid", "munged.pid"]
+        for pid_file in pid_files:
+            try:
+                with open(os.path.join(self.root, pid_file)) as f:
                     os.kill(int(f.read()), 15)
             except (OSError, ValueError):
                 pass

@@ -1,8 +1,9 @@
-"""gluon-gpu-launch inside Slurm allocations, against a real single-node Slurm
-(tests/slurm_cluster.py: slurmctld, slurmd and munged started here as root): the roles
-start with srun, a job equals one process with the global batch, scancel checkpoints
-and leaves nothing, a lost worker step is restarted inside the allocation, and the job
-script of docs/distributed.md runs as written."""
+"""gluon-gpu-launch inside Slurm allocations, against a real Slurm (tests/slurm_cluster.py:
+slurmctld, slurmd and munged started here as root; one node, or two in network
+namespaces): the roles start with srun, a job equals one process with the global batch,
+scancel checkpoints and leaves nothing, a lost worker step or a failed node is
+restarted inside the allocation, and the job script of docs/distributed.md runs as
+written."""
 import os
 import re
 import shlex
@@ -15,6 +16,7 @@ import pytest
 
 from gluon_gpu.programs import launch, train
 from conftest import read_metrics, with_flags
+from hosts import Namespaces, why_no_namespaces
 from slurm_cluster import Cluster, why_not_possible
 from test_distributed import LONG, REPO, TRAIN, assert_same_params, checkpoint_exists, job_processes, params
 
@@ -84,11 +86,11 @@ def interrupted(job, out, *scancel, epoch=2):
     return text
 
 
-def long_job(cluster, folder, out, *launch_flags):
+def long_job(cluster, folder, out, *launch_flags, sbatch=("--ntasks=2",)):
     """test_distributed's 3-epoch job on 2 tasks, syncing every 10 steps; ``--grace 2``:
     a worker that has not ended 2 s after the others is killed (Slurm's KillWait is 30 s)."""
     line = job_line(*LONG_FLAGS, "--log-interval", "10", "--out", out, launch_flags=["--grace", "2", *launch_flags])
-    return Submitted(cluster, folder, [line], "--ntasks=2")
+    return Submitted(cluster, folder, [line], *sbatch)
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +179,43 @@ def test_the_workers_on_a_node_split_its_gpus(cluster, tmp_path):
     assert "the scheduler here, at 127.0.0.1; 4 GPUs a node, 2 to each worker (its CUDA_VISIBLE_DEVICES)" in \
         job.text(), job.text()  # 127.0.0.1: the test node's NodeAddr
     assert sorted((seen / name).read_text() for name in os.listdir(seen)) == ["0,1", "2,3"]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """A Slurm cluster of two nodes, each a network namespace of its own (hosts.Namespaces)."""
+    why = why_no_namespaces()
+    if why:
+        pytest.skip(f"no network namespaces for a second node: {why}")
+    nodes = Namespaces(tmp_path_factory.mktemp("nodes"), 2)
+    try:
+        made = Cluster(tmp_path_factory.mktemp("slurm2"), nodes)
+        yield made
+        made.stop()
+    finally:
+        nodes.close()
+
+
+def test_a_two_node_job_outlives_a_failed_node_and_ends_as_one_process(two_nodes, tmp_path, straight):
+    """A 2-node allocation (``--no-kill``: Slurm keeps the job when a node fails): one
+    worker a node, the scheduler at the first node's NodeAddr. The second node fails in
+    epoch 2 (every process in it killed, its slurmd included); once Slurm has marked it
+    down its worker's step fails, and the launcher (--max-restarts) starts the job again
+    on the node left, both workers there, from the epoch-1 checkpoint: the run ends where
+    the uninterrupted job ends."""
+    out = str(tmp_path / "run")
+    job = long_job(two_nodes, tmp_path, out, "--max-restarts", "1", sbatch=("--nodes=2", "--ntasks=2", "--no-kill"))
+    while not checkpoint_exists(out, 1):
+        assert two_nodes.queued(job.id), f"the job ended before its epoch-1 checkpoint: {job.text()}"
+    two_nodes.kill_node(1)
+    job.wait_gone()
+    text = job.text()
+    assert f"over node0, node1 through srun; the scheduler here, at {two_nodes.nodes.addresses[0]}" in text, text
+    assert re.search(r"gluon_gpu\.launch: (server|worker) \d on node1 lost its node, which Slurm took out of the "
+                     r"allocation \(a failed node\); restart 1 of 1: the workers resume from the newest complete "
+                     r"checkpoint\ngluon_gpu\.launch: node1 left the allocation \(a failed node\): the job goes over "
+                     r"node0\n", text), text
+    assert "Traceback" not in text
+    assert read_metrics(out)["status"] == "finished", text
+    assert_same_params(params(os.path.join(out, "net.params")), straight)
+    assert job_processes(job.marker) == []

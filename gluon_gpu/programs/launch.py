@@ -15,7 +15,8 @@ If any process dies, or the job outlives ``--timeout``, every other process is s
 (SIGTERM, then SIGKILL after ``--grace`` seconds), all are reaped, and the launcher exits
 1 naming the role that failed; with ``--max-restarts N`` a job whose process died is
 started again, up to N times, and its workers continue their run from its newest complete
-checkpoint. SIGTERM or SIGINT to the launcher is passed on to the workers, which stop
+checkpoint (under Slurm, over the nodes the allocation still holds: a ``--no-kill`` job
+loses a node that fails). SIGTERM or SIGINT to the launcher is passed on to the workers, which stop
 together after a step, rank 0 writing a checkpoint; the launcher exits 143/130 when they
 are done. No role outlives the launcher: local ones get SIGKILL from the kernel when it
 dies, remote ones from a wrapper (remote_role.py) that watches its ssh session. Each
@@ -106,19 +107,34 @@ def read_hostfile(path):
     return hosts
 
 
-def slurm_nodes():
-    """The nodes of this Slurm allocation (``scontrol show hostnames``)."""
-    listed = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+def slurm_nodes(listed=None):
+    """The nodes of this Slurm allocation (``scontrol show hostnames``), as it started
+    (SLURM_JOB_NODELIST) or as ``listed``."""
+    listed = listed or os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
     if not os.environ.get("SLURM_JOB_ID") or not listed:
         raise UserError("--slurm: not inside a Slurm allocation (no SLURM_JOB_ID and SLURM_JOB_NODELIST): "
                         "run it from sbatch or salloc")
-    try:
-        found = subprocess.run(["scontrol", "show", "hostnames", listed], capture_output=True, text=True)
-    except OSError as e:
-        raise UserError(f"--slurm: cannot run scontrol ({e.strerror}): is Slurm's client installed here?") from None
+    found = scontrol("show", "hostnames", listed)
     if found.returncode != 0 or not found.stdout.split():
         raise UserError(f"--slurm: scontrol cannot list the nodes of {listed}: {found.stderr.strip()}")
     return found.stdout.split()
+
+
+def scontrol(*argv):
+    try:
+        return subprocess.run(["scontrol", *argv], capture_output=True, text=True)
+    except OSError as e:
+        raise UserError(f"--slurm: cannot run scontrol ({e.strerror}): is Slurm's client installed here?") from None
+
+
+def slurm_nodes_left():
+    """The nodes the allocation holds now (``scontrol show job``): a job submitted with
+    ``--no-kill`` loses a node that fails and keeps the rest."""
+    shown = scontrol("show", "job", "-o", os.environ["SLURM_JOB_ID"])
+    held = re.search(r"\bNodeList=(\S+)", shown.stdout)
+    if shown.returncode != 0 or not held:
+        raise UserError(f"--slurm: scontrol cannot show job {os.environ['SLURM_JOB_ID']}: {shown.stderr.strip()}")
+    return slurm_nodes(held[1])
 
 
 def slurm_node_address():
@@ -126,7 +142,7 @@ def slurm_node_address():
     scheduler that listens here: the hostname may resolve to loopback (Debian's /etc/hosts
     maps it to 127.0.1.1), which the other nodes cannot reach."""
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    shown = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True)
+    shown = scontrol("show", "node", node)
     named = re.search(r"\bNodeAddr=(\S+)", shown.stdout)
     try:
         if shown.returncode == 0 and named:
@@ -208,15 +224,26 @@ class CannotStart(Exception):
 
 class Role:
     """One started process of a job: local, or an ssh session to a remote wrapper whose
-    stdin carries signals (remote_role.py)."""
+    stdin carries signals (remote_role.py). ``node_failed``: for an srun step, whether its
+    node has failed (asked once it exits 0)."""
 
-    def __init__(self, name, role, argv, env, remote):
-        self.name, self.role, self.remote = name, role, remote
+    def __init__(self, name, role, argv, env, remote, node_failed=None):
+        self.name, self.role, self.remote, self._node_failed, self._failed = name, role, remote, node_failed, False
         self.popen = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=remote_role.die_with_parent,
                                       stdin=subprocess.PIPE if remote else subprocess.DEVNULL)
 
     def poll(self):
         return self.popen.poll()
+
+    def failure(self):
+        """None while the role runs or once it succeeded, else the phrase for the one line.
+        srun exits 0 when its step's node fails (Slurm 22.05): that is not a success."""
+        code = self.poll()
+        if code == 0 and self._node_failed:
+            self._failed, self._node_failed = self._node_failed(), None
+        if self._failed:
+            return "lost its node, which Slurm took out of the allocation (a failed node)"
+        return None if not code else _describe(code)
 
     def signal(self, signum):
         """Send ``signum`` to the role itself (not its helpers: the role handles it)."""
@@ -257,13 +284,14 @@ class Role:
 class Job:
     """The running processes of one launch, and the ways they stop."""
 
-    def __init__(self, procs, grace):
+    def __init__(self, procs, grace, slurm=False):
         self.roles = []
         for role, index, host, argv, env in procs:
             child_env = {**os.environ, **env} if host is None else {**os.environ, JOB_ENV: env[JOB_ENV]}
             name = f"{role} {index}" + (f" on {host}" if host else "")
+            node_failed = (lambda node=host: node not in slurm_nodes_left()) if slurm and host else None
             try:
-                self.roles.append(Role(name, role, argv, child_env, remote=host is not None))
+                self.roles.append(Role(name, role, argv, child_env, host is not None, node_failed))
             except OSError as e:
                 self.stop_all(grace)  # the roles already started: nothing left behind
                 raise CannotStart(f"cannot start {name} ({argv[0]}): {e.strerror or e}") from None
@@ -279,9 +307,9 @@ class Job:
             if stop:
                 return "signal", f"stopped by {signal.Signals(stop[0]).name}"
             for r in self.roles:
-                code = r.poll()
-                if code is not None and code != 0:  # a clean exit: servers leave as workers finish
-                    return "refused" if code == 2 else "died", f"{r.name} {_describe(code)}"
+                failure = r.failure()
+                if failure:  # not a clean exit: servers leave as workers finish
+                    return "refused" if r.poll() == 2 else "died", f"{r.name} {failure}"
             if all(r.poll() == 0 for r in self.workers()):
                 self._wait(self.roles, grace)
                 return None
@@ -340,14 +368,34 @@ def placement(args):
     if not args.slurm:
         return Placement(hosts)
     args.scheduler_host = args.scheduler_host or slurm_node_address()
-    gpus = remote_role.counted_gpus(os.environ) or len(remote_role.listed_gpus(os.environ))  # as this node has them
-    sharers = split_gpus(args.num_workers, hosts, gpus) if gpus else 0
+    placed = over_nodes(args, hosts)
+    gpus = node_gpus()
     print(f"gluon_gpu.launch: Slurm job {os.environ['SLURM_JOB_ID']}: {args.num_servers} server(s) and "
           f"{args.num_workers} worker(s) over {', '.join(hosts)} through srun; the scheduler here, at "
-          f"{args.scheduler_host}"
-          + (f"; {gpus} GPUs a node, {gpus // sharers} to each worker (its CUDA_VISIBLE_DEVICES)" if gpus else ""),
-          file=sys.stderr, flush=True)
-    return Placement(hosts, sharers)
+          f"{args.scheduler_host}" + (f"; {gpus} GPUs a node, {gpus // placed.gpu_sharers} to each worker "
+                                      "(its CUDA_VISIBLE_DEVICES)" if gpus else ""), file=sys.stderr, flush=True)
+    return placed
+
+
+def node_gpus():
+    """The GPUs of each node of the allocation, as this node has them (0: none)."""
+    return remote_role.counted_gpus(os.environ) or len(remote_role.listed_gpus(os.environ))
+
+
+def over_nodes(args, nodes):
+    """The roles placed over Slurm's ``nodes``, each node's GPUs split among its workers."""
+    return Placement(nodes, split_gpus(args.num_workers, nodes, node_gpus()) if node_gpus() else 0)
+
+
+def after_a_failure(args, placed):
+    """The placement for a restart: under Slurm, over the nodes the allocation still holds."""
+    if not args.slurm:
+        return placed
+    left = slurm_nodes_left()
+    if left != placed.hosts:
+        print(f"gluon_gpu.launch: {', '.join(h for h in placed.hosts if h not in left)} left the allocation "
+              f"(a failed node): the job goes over {', '.join(left)}", file=sys.stderr, flush=True)
+    return over_nodes(args, left)
 
 
 @main_guard("gluon_gpu.launch")
@@ -369,9 +417,10 @@ def main(argv=None):
         if restart:
             print(f"gluon_gpu.launch: {failure}; restart {restart} of {args.max_restarts}: the workers "
                   "resume from the newest complete checkpoint", file=sys.stderr, flush=True)
+            placed = after_a_failure(args, placed)
         try:
             job = Job(plan(args, job_id, args.port or free_port(), placed.hosts, restart=restart,
-                           gpu_sharers=placed.gpu_sharers), args.grace)
+                           gpu_sharers=placed.gpu_sharers), args.grace, args.slurm)
         except CannotStart as e:
             print(f"gluon_gpu.launch: error: {e}", file=sys.stderr)
             return 2
