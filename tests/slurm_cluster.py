@@ -107,8 +107,14 @@ class Cluster:
         self._start([DAEMONS["slurmctld"], "-c"] if nodes is None else nodes.resolving([DAEMONS["slurmctld"], "-c"]))
         for i, (name, _) in enumerate(self.node_names()):
             os.makedirs(os.path.join(self.root, f"spool-{name}"))
-            self._start([DAEMONS["slurmd"]] if nodes is None else nodes.on_host(i, [DAEMONS["slurmd"], "-N", name]))
+            self.start_node(i)
         self._wait_idle()
+
+    def start_node(self, index):
+        """Node ``index``'s slurmd (again, after kill_node: the node comes back)."""
+        name = self.node_names()[index][0]
+        self._start([DAEMONS["slurmd"]] if self.nodes is None else
+                    self.nodes.on_host(index, [DAEMONS["slurmd"], "-N", name]))
 
     def _start(self, argv):
         subprocess.run(argv, env=self.env, check=True, capture_output=True)
@@ -130,6 +136,14 @@ class Cluster:
                         for (name, _), address in zip(self.node_names(), self.nodes.addresses))
         return {"ctld_address": self.nodes.local, "slurmd_timeout": 10, "node_lines": lines}
 
+    def restore(self):
+        """Every node up and idle again (a test before may have killed one)."""
+        states = dict(line.split() for line in self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout.splitlines())
+        for i, (name, _) in enumerate(self.node_names()):
+            if states[name].startswith("down"):
+                self.start_node(i)
+        self._wait_idle()
+
     def _wait_idle(self, timeout=60):
         """Until the node takes jobs (sinfo says idle)."""
         deadline = time.time() + timeout
@@ -150,15 +164,18 @@ class Cluster:
         """Node ``index`` fails as a machine does: every process in its namespace (its
         slurmd, the job's steps there) killed at once."""
         name, namespace = self.node_names()[index]
-        for pid in self.nodes.pids_in(namespace):
+        with open(os.path.join(self.root, f"slurmd-{name}.pid")) as f:
+            slurmd = int(f.read())  # by its pid file too: gVisor's ip netns pids has missed it
+        for pid in [slurmd] + self.nodes.pids_in(namespace):
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
         return name
 
-    def node_state(self, name):
-        return self.run("sinfo", "-h", "-n", name, "-o", "%t").stdout.strip()
+    def job_state(self, job):
+        """squeue's compact state of ``job`` (R, PD, CG, ...; "" once it has left the queue)."""
+        return self.run("squeue", "-h", "-j", str(job), "-o", "%t").stdout.strip()
 
     def stop(self):
         pid_files = [f"slurmd-{name}.pid" for name, _ in self.node_names()] + ["slurmctld.pid", "munged.pid"]

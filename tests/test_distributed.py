@@ -273,7 +273,12 @@ def test_slurm_gpus_are_split_among_each_node_s_workers(monkeypatch, capsys):
         "-n 3 workers over 2 nodes (2/1 a node): give every node the same number of workers, one that divides 4"]
     monkeypatch.delenv("SLURM_GPUS_ON_NODE")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert launch.placement(launch.build_parser().parse_args(["-n", "3", "--", "train"])) == (["n1", "n2"], 0)
+    assert launch.placement(launch.build_parser().parse_args(["-n", "3", "--", "train"])) == \
+        launch.Placement(["n1", "n2"], 0, 0)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")  # Slurm requeued the job twice: its workers resume
+    assert launch.placement(launch.build_parser().parse_args(["-n", "3", "--", "train"])).requeued == 2
+    assert "; requeued by Slurm (2 time(s)): the workers resume from the newest complete checkpoint" in \
+        capsys.readouterr().err
 
 
 def test_under_slurm_the_scheduler_listens_at_this_node_s_nodeaddr(tmp_path, monkeypatch):

@@ -203,6 +203,7 @@ def test_a_two_node_job_outlives_a_failed_node_and_ends_as_one_process(two_nodes
     down its worker's step fails, and the launcher (--max-restarts) starts the job again
     on the node left, both workers there, from the epoch-1 checkpoint: the run ends where
     the uninterrupted job ends."""
+    two_nodes.restore()
     out = str(tmp_path / "run")
     job = long_job(two_nodes, tmp_path, out, "--max-restarts", "1", sbatch=("--nodes=2", "--ntasks=2", "--no-kill"))
     while not checkpoint_exists(out, 1):
@@ -216,6 +217,30 @@ def test_a_two_node_job_outlives_a_failed_node_and_ends_as_one_process(two_nodes
                      r"checkpoint\ngluon_gpu\.launch: node1 left the allocation \(a failed node\): the job goes over "
                      r"node0\n", text), text
     assert "Traceback" not in text
+    assert read_metrics(out)["status"] == "finished", text
+    assert_same_params(params(os.path.join(out, "net.params")), straight)
+    assert job_processes(job.marker) == []
+
+
+def test_a_job_slurm_requeues_after_a_node_failure_resumes_its_run(two_nodes, tmp_path, straight):
+    """Without --no-kill a node failure ends the job, and Slurm requeues it (JobRequeue's
+    default): the job script runs again once the node is back, with SLURM_RESTART_COUNT
+    set, and its workers continue the run from the newest complete checkpoint instead of
+    refusing a run folder that holds one; the run ends where the uninterrupted job ends."""
+    two_nodes.restore()
+    out = str(tmp_path / "run")
+    job = long_job(two_nodes, tmp_path, out, sbatch=("--nodes=2", "--ntasks=2", "--open-mode=append"))
+    while not checkpoint_exists(out, 1):
+        assert two_nodes.queued(job.id), f"the job ended before its epoch-1 checkpoint: {job.text()}"
+    two_nodes.kill_node(1)
+    while two_nodes.job_state(job.id) != "PD":  # requeued, waiting for its nodes
+        pass
+    two_nodes.start_node(1)  # the node is back; Slurm holds a requeued job back a few minutes: not here
+    assert two_nodes.run("scontrol", "update", f"JobId={job.id}", "StartTime=now").returncode == 0
+    job.wait_gone()
+    text = job.text()
+    assert "; requeued by Slurm (1 time(s)): the workers resume from the newest complete checkpoint" in text, text
+    assert f"resuming from {out}/checkpoints/epoch-00001-batch-0000000" in text, text
     assert read_metrics(out)["status"] == "finished", text
     assert_same_params(params(os.path.join(out, "net.params")), straight)
     assert job_processes(job.marker) == []

@@ -155,9 +155,11 @@ def slurm_node_address():
 
 class Placement(NamedTuple):
     """Where a job's roles go: ``hosts`` (None: all here) and, in a Slurm allocation with
-    GPUs, ``gpu_sharers``: the workers on each node, which split its GPUs (0: none to split)."""
+    GPUs, ``gpu_sharers``: the workers on each node, which split its GPUs (0: none to split);
+    ``requeued``: the times Slurm has requeued the job (slurm_requeues)."""
     hosts: Optional[list]
     gpu_sharers: int = 0
+    requeued: int = 0
 
 
 def split_gpus(num_workers, hosts, gpus):
@@ -369,12 +371,22 @@ def placement(args):
         return Placement(hosts)
     args.scheduler_host = args.scheduler_host or slurm_node_address()
     placed = over_nodes(args, hosts)
-    gpus = node_gpus()
+    gpus, requeued = node_gpus(), placed.requeued
     print(f"gluon_gpu.launch: Slurm job {os.environ['SLURM_JOB_ID']}: {args.num_servers} server(s) and "
           f"{args.num_workers} worker(s) over {', '.join(hosts)} through srun; the scheduler here, at "
           f"{args.scheduler_host}" + (f"; {gpus} GPUs a node, {gpus // placed.gpu_sharers} to each worker "
-                                      "(its CUDA_VISIBLE_DEVICES)" if gpus else ""), file=sys.stderr, flush=True)
+                                      "(its CUDA_VISIBLE_DEVICES)" if gpus else "")
+          + (f"; requeued by Slurm ({requeued} time(s)): the workers resume from the newest complete checkpoint"
+             if requeued else ""), file=sys.stderr, flush=True)
     return placed
+
+
+def slurm_requeues(args):
+    """How many times Slurm has requeued this batch job (SLURM_RESTART_COUNT: after a node
+    failure, by default, or by ``scontrol requeue``): the job script runs again, and its
+    workers continue the run as after a restart of the launcher's own."""
+    count = os.environ.get("SLURM_RESTART_COUNT", "")
+    return int(count) if count.isdigit() else 0
 
 
 def node_gpus():
@@ -384,7 +396,8 @@ def node_gpus():
 
 def over_nodes(args, nodes):
     """The roles placed over Slurm's ``nodes``, each node's GPUs split among its workers."""
-    return Placement(nodes, split_gpus(args.num_workers, nodes, node_gpus()) if node_gpus() else 0)
+    return Placement(nodes, split_gpus(args.num_workers, nodes, node_gpus()) if node_gpus() else 0,
+                     slurm_requeues(args))
 
 
 def after_a_failure(args, placed):
@@ -419,7 +432,7 @@ def main(argv=None):
                   "resume from the newest complete checkpoint", file=sys.stderr, flush=True)
             placed = after_a_failure(args, placed)
         try:
-            job = Job(plan(args, job_id, args.port or free_port(), placed.hosts, restart=restart,
+            job = Job(plan(args, job_id, args.port or free_port(), placed.hosts, restart=restart + placed.requeued,
                            gpu_sharers=placed.gpu_sharers), args.grace, args.slurm)
         except CannotStart as e:
             print(f"gluon_gpu.launch: error: {e}", file=sys.stderr)

@@ -57,8 +57,8 @@ def restart_from(out):
     """A job restarted by the launcher continues its run: ``out`` if it holds a complete
     checkpoint (the job is then a --resume of it), else None (it starts afresh)."""
     if not out:
-        raise UserError("a job launched with --max-restarts needs --out on the worker command, "
-                        "so that a restart finds the run it continues")
+        raise UserError("a restarted job (the launcher's --max-restarts, or a Slurm job requeued) needs --out "
+                        "on the worker command, so that the restart finds the run it continues")
     return out if complete_checkpoints(out) else None
 
 
