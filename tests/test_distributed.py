@@ -523,7 +523,8 @@ def test_a_worker_s_usage_error_is_not_restarted_and_exits_2():
 def test_a_restarted_job_needs_out(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(launch.RESTART_ENV, "1")
     assert train.main(["--devices", "cpu", "--dry-run"]) == 2
-    assert "--max-restarts needs --out" in capsys.readouterr().err
+    assert "a restarted job (the launcher's --max-restarts, or a Slurm job requeued) needs --out" in \
+        capsys.readouterr().err
 
 
 def test_a_run_continues_mid_epoch_with_another_worker_count(tmp_path):

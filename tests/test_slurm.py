@@ -235,7 +235,7 @@ def test_a_job_slurm_requeues_after_a_node_failure_resumes_its_run(two_nodes, tm
     two_nodes.kill_node(1)
     while two_nodes.job_state(job.id) != "PD":  # requeued, waiting for its nodes
         pass
-    two_nodes.start_node(1)  # the node is back; Slurm holds a requeued job back a few minutes: not here
+    two_nodes.restore()  # the node back and idle; Slurm holds a requeued job back a few minutes: not here
     assert two_nodes.run("scontrol", "update", f"JobId={job.id}", "StartTime=now").returncode == 0
     job.wait_gone()
     text = job.text()
