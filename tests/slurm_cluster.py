@@ -158,7 +158,7 @@ class Cluster:
         return subprocess.run(list(argv), **{"env": self.env, **kwargs}, capture_output=True, text=True)
 
     def queued(self, job):
-        return self.run("squeue", "-h", "-j", str(job)).stdout.strip() != ""
+        return self.job_state(job) != ""
 
     def kill_node(self, index):
         """Node ``index`` fails as a machine does: every process in its namespace (its

@@ -54,6 +54,11 @@ class Submitted:
         with open(self.output) as f:
             return f.read()
 
+    def wait_for_checkpoint(self, out, epoch):
+        """Until the run in ``out`` has its epoch-``epoch`` checkpoint (the next epoch under way)."""
+        while not checkpoint_exists(out, epoch):
+            assert self.cluster.queued(self.id), f"the job ended before its epoch-{epoch} checkpoint: {self.text()}"
+
     def wait_gone(self):
         """Until Slurm has no more of the job (its processes reaped after KillWait)."""
         while self.cluster.queued(self.id):
@@ -71,8 +76,7 @@ def job_line(*train_flags, launch_flags=()):
 def interrupted(job, out, *scancel, epoch=2):
     """``job`` stopped in ``epoch`` by ``scancel *scancel``: checkpointed mid-epoch, one
     line from rank 0 and one from the launcher, no process left."""
-    while not checkpoint_exists(out, epoch - 1):  # the epoch is under way
-        assert job.cluster.queued(job.id), f"the job ended before its epoch-{epoch - 1} checkpoint: {job.text()}"
+    job.wait_for_checkpoint(out, epoch - 1)  # the epoch is under way
     assert job.cluster.run("scancel", *scancel, job.id).returncode == 0
     job.wait_gone()
     text = job.text()
@@ -132,8 +136,7 @@ def test_a_dead_worker_restarts_the_time_limit_signal_checkpoints_and_the_run_re
     exactly where the uninterrupted job ends."""
     out = str(tmp_path / "run")
     job = long_job(cluster, tmp_path, out, "--max-restarts", "1")
-    while not checkpoint_exists(out, 1):
-        assert cluster.queued(job.id), f"the job ended before its epoch-1 checkpoint: {job.text()}"
+    job.wait_for_checkpoint(out, 1)
     os.kill(worker_trainers(job.marker)[-1], signal.SIGKILL)
     text = interrupted(job, out, "--batch", "--signal=TERM", epoch=3)
     assert "restart 1 of 1: the workers resume from the newest complete checkpoint" in text, text
@@ -206,8 +209,7 @@ def test_a_two_node_job_outlives_a_failed_node_and_ends_as_one_process(two_nodes
     two_nodes.restore()
     out = str(tmp_path / "run")
     job = long_job(two_nodes, tmp_path, out, "--max-restarts", "1", sbatch=("--nodes=2", "--ntasks=2", "--no-kill"))
-    while not checkpoint_exists(out, 1):
-        assert two_nodes.queued(job.id), f"the job ended before its epoch-1 checkpoint: {job.text()}"
+    job.wait_for_checkpoint(out, 1)
     two_nodes.kill_node(1)
     job.wait_gone()
     text = job.text()
@@ -230,8 +232,7 @@ def test_a_job_slurm_requeues_after_a_node_failure_resumes_its_run(two_nodes, tm
     two_nodes.restore()
     out = str(tmp_path / "run")
     job = long_job(two_nodes, tmp_path, out, sbatch=("--nodes=2", "--ntasks=2", "--open-mode=append"))
-    while not checkpoint_exists(out, 1):
-        assert two_nodes.queued(job.id), f"the job ended before its epoch-1 checkpoint: {job.text()}"
+    job.wait_for_checkpoint(out, 1)
     two_nodes.kill_node(1)
     while two_nodes.job_state(job.id) != "PD":  # requeued, waiting for its nodes
         pass

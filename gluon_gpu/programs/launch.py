@@ -396,8 +396,8 @@ def node_gpus():
 
 def over_nodes(args, nodes):
     """The roles placed over Slurm's ``nodes``, each node's GPUs split among its workers."""
-    return Placement(nodes, split_gpus(args.num_workers, nodes, node_gpus()) if node_gpus() else 0,
-                     slurm_requeues(args))
+    gpus = node_gpus()
+    return Placement(nodes, split_gpus(args.num_workers, nodes, gpus) if gpus else 0, slurm_requeues(args))
 
 
 def after_a_failure(args, placed):
