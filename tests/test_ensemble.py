@@ -19,7 +19,7 @@ from gluon_gpu.core.loop.fit import train_epoch
 from gluon_gpu.programs import evaluate, predict, train
 from gluon_gpu.programs.config import RunConfig
 from gluon_gpu.programs.run import optimizer_params
-from gluon_gpu.data import DevicePipeline
+from gluon_gpu.data import DevicePipeline, make_pipeline
 from gluon_gpu.models.fused_lenet import EnsembleLeNet, combine_members, extract_member
 from gluon_gpu.models.fused_conv import is_fused
 from gluon_gpu.models.fused_members import FusedMembers
@@ -27,6 +27,7 @@ from gluon_gpu.models.member_stack import MemberStack, pipeline_layout
 from gluon_gpu.models import init_model
 from gluon_gpu.core.platform import devices as devices_module
 from gluon_gpu.core.platform.devices import cpu_contexts
+from gluon_gpu.core.step.heads import Classification
 from gluon_gpu.core.step.members import member_count
 from gluon_gpu.models.init import ensemble_engine_workers, ensemble_layout
 
@@ -293,6 +294,24 @@ def test_extract_combine_round_trip_preserves_predictions_exactly(train_slice):
     np.testing.assert_array_equal(again(fused_input).asnumpy(), out)
     with pytest.raises(IndexError):
         extract_member(ens, 4)
+
+
+@pytest.mark.parametrize("layout,devices", [("fused", 1), ("devices", 2)])
+def test_an_ensemble_counts_the_classes_its_vote_predicts(train_slice, layout, devices):
+    """``predicted_classes`` of an ensemble's evaluation: the classes the members' mean
+    softmax (the vote) predicts, as numpy counts them from each member alone."""
+    ctx = [mx.cpu(i) for i in range(devices)]
+    ens = init_model("lenet", 0, ctx, members=3, layout=layout)
+    x, y = train_slice[0][:256], train_slice[1][:256]
+    dp = DataParallel(ens, ctx, head=Classification(10), transform=fashion_transform(3))
+    got = dp.evaluate(make_pipeline("device", x, y, 64, pipeline_layout(ens, ctx).eval_ctx, shuffle=False,
+                                    members=3).epoch(0))
+    normalized = fashion_transform()(nd.array(x, dtype="uint8"))
+    members = [extract_member(ens, k) for k in range(3)]
+    votes = np.mean([nd.softmax(net(normalized.as_in_context(net.collect_params().list_ctx()[0]))).asnumpy()
+                     for net in members], axis=0)
+    assert got["acc"] == pytest.approx(float((votes.argmax(1) == y).mean()))
+    assert got["predicted_classes"] == len(set(votes.argmax(1))) > 1
 
 
 def test_save_load_round_trip(tmp_path):

@@ -216,20 +216,47 @@ def test_uneven_classes_have_two_costs_of_guessing_and_balanced_ones_one():
     assert len(watch.levels) == 2 and len(GuessingWatch([50, 49, 51], 0.1, print).levels) == 1
 
 
-def test_a_run_whose_inputs_tell_nothing_collapses_to_one_class_and_is_warned_about(tmp_path, capsys):
+@pytest.mark.parametrize("smoothing", [[], ["--label-smoothing", "0.3"]], ids=["plain", "label-smoothing"])
+def test_a_run_whose_inputs_tell_nothing_collapses_to_one_class_and_is_warned_about(tmp_path, capsys, smoothing):
     """Blank inputs, uneven labels: the network can only learn the class frequencies, and
-    always predicts the most frequent class (val-acc is its share)."""
+    always predicts the most frequent class (val-acc is its share). Validation counts the
+    classes predicted: one for two epochs is the warning, also where label smoothing keeps
+    the training loss off every cost of guessing."""
     y = np.random.default_rng(0).choice(3, size=1536, p=[0.8, 0.1, 0.1]).astype(np.int32)
     x = np.zeros((1536, 1, 28, 28), np.float32)
     np.savez(tmp_path / "blank.npz", x_train=x[:1280], y_train=y[:1280], x_val=x[1280:], y_val=y[1280:])
     out = str(tmp_path / "r")
     assert table_exit("a run that learns nothing", train.main([
-        "--dataset", "npz", "--data-dir", str(tmp_path / "blank.npz"), "--devices", "cpu", "--epochs", "4",
-        "--batch-size", "64", "--lr", "0.3", "--quiet", "--out", out]))
+        "--dataset", "npz", "--data-dir", str(tmp_path / "blank.npz"), "--devices", "cpu", "--epochs", "3",
+        "--batch-size", "64", "--lr", "0.3", "--quiet", "--out", out] + smoothing))
     err = capsys.readouterr().err
-    assert "gluon_gpu.train: warning: the training loss has stayed at" in err and "so always the most frequent" in err
+    assert ("gluon_gpu.train: warning: every validation sample has been predicted as one class for 2 epochs "
+            "(val-acc 0.7773): the network learns nothing") in err and "classes apart" in err, err
     epochs = read_metrics(out)["epochs"]
-    assert sum("warning" in e for e in epochs) == 1 and epochs[-1]["val_acc"] == pytest.approx(np.mean(y[1280:] == 0))
+    assert ["warning" in e for e in epochs] == [False, True, False] and epochs[-1]["val_predicted_classes"] == 1
+    assert epochs[-1]["val_acc"] == pytest.approx(np.mean(y[1280:] == 0)) == pytest.approx(0.7773, abs=1e-4)
+
+
+def test_one_predicted_class_is_warned_about_unless_it_was_right_about_every_sample():
+    """Two validations in a row of one class warn (the loss falling, off any cost of
+    guessing); a class count of 2, a validation right about every sample (all of one
+    class), and an epoch without the count do not."""
+    from gluon_gpu.core.loop.callbacks import GuessingWatch
+    warned = {}
+    for case, (predicted, acc) in enumerate((([3, 1, 1], 0.4), ([1, 2, 1], 0.4), ([1, 1, 1], 1.0),
+                                             ([1, None, 1], 0.4))):
+        history, said = [], []
+        watch = GuessingWatch([40, 41, 39], 0.1, lambda line, stream=None, said=said: said.append(line))
+        for epoch, count in enumerate(predicted, 1):
+            history.append({"epoch": epoch, "train_loss": 2.0 / epoch, "val_acc": acc})
+            history[-1].update({} if count is None else {"val_predicted_classes": count})
+            watch.on_epoch_end(history[-1], history)
+        warned[case] = (said, [e for e in history if "warning" in e])
+    said, records = warned.pop(0)
+    assert [r["epoch"] for r in records] == [3] and len(said) == 1 and said[0].startswith(
+        "gluon_gpu.train: warning: every validation sample has been predicted as one class for 2 epochs "
+        "(val-acc 0.4000): the network learns nothing; the likely cause is the learning rate (--lr 0.1)"), said
+    assert all(said == [] and records == [] for said, records in warned.values()), warned
 
 
 def test_a_real_run_at_a_learning_rate_that_cannot_move_it_is_warned_about(tmp_path, capsys):

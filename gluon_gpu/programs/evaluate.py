@@ -18,6 +18,8 @@ from ..models.inference import MODES, inference_mode, inference_model, inference
 from .cli import Parser, check_batch, main_guard, non_negative_int, parse_args, positive_int
 from .config import COMMON_FLAGS, add_flags
 
+COUNTS = ("samples", "predicted_classes")  # in the figures, beside the metrics
+
 
 def build_parser():
     p = Parser("evaluate", description=__doc__)
@@ -120,13 +122,16 @@ def graph_evaluation(path, ctx, spec, x, y, batch_size, model=None, fused_conv="
 def evaluate_inference(net, head, x, y, batch_size, dtype):
     """The figures of :func:`evaluate_params` for a Servable giving log-probabilities (or
     predictions), batch by batch on the host."""
-    sums = None
+    sums, tally = None, nd.zeros((head.tallied,))
     for start, batch in sample_batches(x, batch_size):  # summed where computed: one wait, at the end
         out = net(nd.array(batch, dtype=dtype))
         loss, metrics = head.per_sample(nd, out, nd.array(y[start:start + len(batch)]))
         figures = nd.stack(*[v.sum().astype("float64") for v in [loss] + metrics])
         sums = figures if sums is None else sums + figures
-    return {**dict(zip(("loss",) + head.names, (sums.asnumpy().reshape(-1) / len(x)).tolist())), "samples": len(x)}
+        tally += head.predicted(nd, out).sum(axis=0) if head.tallied else 0
+    figures = dict(zip(("loss",) + head.names, (sums.asnumpy().reshape(-1) / len(x)).tolist()))
+    counts = {"predicted_classes": int((tally.asnumpy() > 0).sum())} if head.tallied else {}
+    return {**figures, "samples": len(x), **counts}
 
 
 @main_guard("gluon_gpu.evaluate")
@@ -150,11 +155,13 @@ def main(argv=None):
     what = f"{kind} of {run['members']} {model}" if run["members"] > 1 and not args.model else model
     what = f"member {args.member} of the {what}" if args.member is not None else what
     shown = "  ".join(f"{name} {value:.4f}" for name, value in result.items()
-                      if name != "samples" and not name.startswith("member_"))
+                      if name not in COUNTS and not name.startswith("member_"))
     where = describe(ctx) if mode == "graph" else f"{describe([mx.cpu()])}, {args.omp_threads} OpenMP threads"
-    print(f"{args.params}: {what} validation {shown} on {where} ({result['samples']} samples, {mode} inference)")
+    predicted = f", {result['predicted_classes']} classes predicted" if "predicted_classes" in result else ""
+    print(f"{args.params}: {what} validation {shown} on {where} ({result['samples']} samples{predicted}, "
+          f"{mode} inference)")
     if float32:
         change = "  ".join(f"{name} {float32[name]:.4f} ({result[name] - float32[name]:+.4f})" for name in float32
-                           if name not in ("loss", "samples"))
+                           if name not in COUNTS + ("loss",))
         print(f"int8 against float32 (fused): {change}")
     return 0

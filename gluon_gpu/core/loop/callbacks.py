@@ -154,13 +154,16 @@ def plot_curves(history, path):
 class GuessingWatch(Callback):
     """A run that learns nothing says so: when a classifier's training loss has stayed at
     a cost of guessing for ``epochs`` epochs in a row (within 5% of it, and falling by
-    under 1% over them), one warning line (``say(line, stream)``) naming the likely
-    cause, and the record of that epoch keeps it under ``"warning"`` (metrics.json).
-    Once per run. Two costs of guessing: ln(classes), an even spread (an untrained
-    network), and the entropy of the training labels' class frequencies, predicting those
-    whatever the input (a collapsed network: it always predicts the most frequent class;
-    the same level when the classes are even). ``class_counts``: training labels per class."""
+    under 1% over them), or its validation predicted one class for every sample as many
+    epochs (``val_predicted_classes``; a collapse whose loss is elsewhere: label
+    smoothing, mixup), one warning line (``say(line, stream)``) naming the likely cause,
+    and the record of that epoch keeps it under ``"warning"`` (metrics.json). Once per
+    run. Two costs of guessing: ln(classes), an even spread (an untrained network), and
+    the entropy of the training labels' class frequencies, predicting those whatever the
+    input (a collapsed network: it always predicts the most frequent class; the same
+    level when the classes are even). ``class_counts``: training labels per class."""
     NEAR, FALLING = 0.05, 0.01  # near a cost of guessing: the softmax ignores the input
+    INPUTS = ", or inputs that do not tell the classes apart"
 
     def __init__(self, class_counts, lr, say, epochs=2):
         classes, total = len(class_counts), sum(class_counts)
@@ -172,22 +175,38 @@ class GuessingWatch(Callback):
             prior = -sum(c / total * math.log(c / total) for c in class_counts if c)
             if abs(prior - even) > self.NEAR * even:
                 self.levels[prior] = (f"predicting the training labels' class frequencies whatever the input "
-                                      f"(their entropy, {prior:.4f}), so always the most frequent class",
-                                      ", or inputs that do not tell the classes apart")
+                                      f"(their entropy, {prior:.4f}), so always the most frequent class", self.INPUTS)
 
     def on_epoch_end(self, record, history):
         if self.warned or len(history) < self.epochs:
             return
-        losses = [r.get("train_loss") for r in history[-self.epochs:]]
-        if any(loss is None for loss in losses) or losses[0] - losses[-1] >= self.FALLING * losses[0]:
-            return
-        level = next((g for g in self.levels if all(abs(loss - g) <= self.NEAR * g for loss in losses)), None)
-        if level is not None:
-            self.warned, (what, other_cause) = True, self.levels[level]
-            record["warning"] = (f"the training loss has stayed at {losses[-1]:.4f} for {self.epochs} epochs, the "
-                                 f"cost of {what}: the network learns nothing; the likely cause is the learning "
-                                 f"rate (--lr {self.lr:g}): try a tenth of it{other_cause}")
+        recent = history[-self.epochs:]
+        found = self._guessing(recent) or self._one_class(recent)
+        if found:
+            self.warned, (what, other_cause) = True, found
+            record["warning"] = (f"{what}: the network learns nothing; the likely cause is the learning rate "
+                                 f"(--lr {self.lr:g}): try a tenth of it{other_cause}")
             self.say(f"gluon_gpu.train: warning: {record['warning']}", sys.stderr)
+
+    def _guessing(self, recent):
+        """``(what, another cause)`` when the training loss sat at a cost of guessing, else None."""
+        losses = [r.get("train_loss") for r in recent]
+        if any(loss is None for loss in losses) or losses[0] - losses[-1] >= self.FALLING * losses[0]:
+            return None
+        level = next((g for g in self.levels if all(abs(loss - g) <= self.NEAR * g for loss in losses)), None)
+        if level is None:
+            return None
+        what, other_cause = self.levels[level]
+        return f"the training loss has stayed at {losses[-1]:.4f} for {self.epochs} epochs, the cost of {what}", \
+            other_cause
+
+    def _one_class(self, recent):
+        """``(what, another cause)`` when validation predicted one class only (and was not
+        right about every sample: a validation set of one class), else None."""
+        if not all(r.get("val_predicted_classes") == 1 and r.get("val_acc", 1) < 1 for r in recent):
+            return None
+        return (f"every validation sample has been predicted as one class for {self.epochs} epochs "
+                f"(val-acc {recent[-1]['val_acc']:.4f})", self.INPUTS)
 
     def on_train_end(self, history, status, reason=None):
         pass

@@ -115,13 +115,18 @@ class EagerStepGraph(gluon.Block):
 
 
 def _head_sums(F, head, out, y, k, training, slots=None, partner=None):
-    parts = []
+    """Training: ``(the loss per sample's sum per member, the stats vector)``; evaluation:
+    the stats vector, then an ensemble's combined figures, then the head's tally."""
+    parts, combined = [], out
     if k > 1 or slots:  # an ensemble (a group of placed members may hold one)
         if not training:
             first = F.reshape(F.slice_axis(y, axis=1, begin=0, end=1), shape=(-3, -2))
-            loss, metrics = head.per_sample(F, head.combine(F, out), first)
+            combined = head.combine(F, out)
+            loss, metrics = head.per_sample(F, combined, first)
             parts = [F.sum(v, axis=0, keepdims=True) for v in [loss] + metrics]
         out, y = F.reshape(out, shape=(-3, -2)), F.reshape(y, shape=(-3, -2))
+    if head.tallied and not training:
+        parts.append(F.sum(head.predicted(F, combined), axis=0))
     loss, metrics = head.per_sample(F, out, y, training)
     if partner is not None:  # mixed samples: the partner's label weighs 1 - lam
         other, lam = partner

@@ -25,6 +25,12 @@ from mxnet import gluon
 class Head:
     """A loss and named per-sample metrics (see the module docstring)."""
     task = "custom"
+    tallied = 0  # the width of predicted(): 0, no tally
+
+    def predicted(self, F, out):  # pylint: disable=unused-argument
+        """Evaluation only: per sample, ``(n, tallied)`` counts summed over the validation
+        set (Classification: its predicted class, one-hot), or None."""
+        return None
 
     def __init__(self, loss, metrics=None, combine=None):
         self.loss = loss
@@ -96,7 +102,7 @@ class Classification(Head):
         self.limit = self.EXPLODED * math.log(max(classes or 1000, 2))
         if label_smoothing and not classes:
             raise ValueError("label smoothing needs the number of classes")
-        self.classes, self.smoothing = classes, label_smoothing
+        self.classes, self.smoothing, self.tallied = classes, label_smoothing, classes or 0
         self._soft_loss = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
 
     def loss_of(self, F, out, y, training=False):
@@ -108,6 +114,9 @@ class Classification(Head):
 
     def exploded(self, loss):
         return loss > self.limit
+
+    def predicted(self, F, out):
+        return F.one_hot(F.argmax(out, axis=-1), depth=self.classes) if self.classes else None
 
 
 class Regression(Head):
