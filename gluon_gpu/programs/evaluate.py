@@ -122,13 +122,14 @@ def graph_evaluation(path, ctx, spec, x, y, batch_size, model=None, fused_conv="
 def evaluate_inference(net, head, x, y, batch_size, dtype):
     """The figures of :func:`evaluate_params` for a Servable giving log-probabilities (or
     predictions), batch by batch on the host."""
-    sums, tally = None, nd.zeros((head.tallied,))
+    sums, tally = None, 0
     for start, batch in sample_batches(x, batch_size):  # summed where computed: one wait, at the end
         out = net(nd.array(batch, dtype=dtype))
         loss, metrics = head.per_sample(nd, out, nd.array(y[start:start + len(batch)]))
         figures = nd.stack(*[v.sum().astype("float64") for v in [loss] + metrics])
         sums = figures if sums is None else sums + figures
-        tally += head.predicted(nd, out).sum(axis=0) if head.tallied else 0
+        if head.tallied:
+            tally = head.predicted(nd, out).sum(axis=0) + tally
     figures = dict(zip(("loss",) + head.names, (sums.asnumpy().reshape(-1) / len(x)).tolist()))
     counts = {"predicted_classes": int((tally.asnumpy() > 0).sum())} if head.tallied else {}
     return {**figures, "samples": len(x), **counts}
