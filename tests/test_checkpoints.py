@@ -166,13 +166,21 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def stopped_after(args, step, signum, marker):
-    """gluon_gpu.train with ``args``, sent ``signum`` right after its ``step``-th step
-    (tests/held_step.py), then waited for: the process, its stdout and its stderr."""
+def held_after(args, step, marker, env=None):
+    """gluon_gpu.train with ``args`` held right after its ``step``-th step until ``marker``
+    is removed (tests/held_step.py): the process, once held (or ended). ``env``: more
+    environment variables."""
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "held_step.py"), str(step), marker] + args,
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": REPO})
+                            env={**os.environ, "PYTHONPATH": REPO, **(env or {})})
     wait_for(lambda: os.path.exists(marker) or proc.poll() is not None)
+    return proc
+
+
+def stopped_after(args, step, signum, marker):
+    """gluon_gpu.train with ``args``, sent ``signum`` right after its ``step``-th step,
+    then waited for: the process, its stdout and its stderr."""
+    proc = held_after(args, step, marker)
     proc.send_signal(signum)
     os.remove(marker)
     said, err = proc.communicate(timeout=120)

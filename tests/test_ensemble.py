@@ -157,16 +157,14 @@ def test_an_ensemble_in_turns_resumes_exactly_and_elsewhere_from_an_epochs_end(t
     SIGINT inside epoch 2 resumes to the straight run's parameters and figures; its
     position inside an epoch means nothing to members trained together, so on cpu*2 it
     goes on from epoch 1's end."""
-    from test_checkpoints import SMALL, assert_same_run, checkpoint_names, start, wait_for
+    from test_checkpoints import SMALL, assert_same_run, checkpoint_names, stopped_after
     monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "1")  # the trainer would take one per core
     args = SMALL + ["--ensemble", "3", "--epochs", "3"]
     straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
     assert train.main(args + ["--out", straight]) == 0
     assert "(sequential layout)" in capsys.readouterr().out
-    proc = start(args + ["--log-interval", "1", "--out", out])
-    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    proc, _, err = stopped_after(args + ["--log-interval", "1", "--out", out], 65, signal.SIGINT,
+                                 str(tmp_path / "held"))  # epoch 2: 60 steps an epoch, 20 for each member in turn
     assert proc.returncode == 130, err
     inside = checkpoint_names(out)[-1]
     assert inside.startswith("epoch-00001-batch-") and not inside.endswith("-0000000")

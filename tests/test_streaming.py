@@ -21,7 +21,7 @@ from conftest import make_image_folder, read_metrics
 from failure_table import table_exit
 from image_folders import write_colours
 from cgroup_caps import can_cap, run_capped
-from test_checkpoints import assert_same_run, checkpoint_names, start, wait_for
+from test_checkpoints import assert_same_run, checkpoint_names, held_after, start, stopped_after, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ["--devices", "cpu*2", "--batch-size", "64", "--lr", "0.1", "--momentum", "0.9", "--quiet"]
@@ -201,19 +201,22 @@ def test_a_killed_loader_worker_ends_the_run_in_one_line_with_its_partial_epoch_
                                                                                           tmp_path):
     """What the out-of-memory killer does: the run stops at its next batch (not after
     Gluon's 120 s stall, with a traceback: communicate's timeout is shorter), checkpoints
-    the batches it finished, and resumes to the straight run."""
-    out = str(tmp_path / "run")
-    proc = start(FLAGS + ["--dataset", "folder", "--data-dir", fashion_folder, "--epochs", "2", "--pipeline",
-                          "loader", "--log-interval", "1", "--out", out])
-    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))  # both loaders have run
-    for pid in children(proc.pid):  # the training and the validation loaders' workers
+    the batches it finished, and resumes to the straight run. The workers are killed
+    while the run is held after step 26 (epoch 2, batch 2 of 24), not wherever the
+    machine's speed puts a kill."""
+    out, marker = str(tmp_path / "run"), str(tmp_path / "held")
+    proc = held_after(FLAGS + ["--dataset", "folder", "--data-dir", fashion_folder, "--epochs", "2", "--pipeline",
+                               "loader", "--out", out], 26, marker)
+    workers = children(proc.pid)  # the training and the validation loaders' (both have run)
+    for pid in workers:
         os.kill(pid, signal.SIGKILL)
+    os.remove(marker)
     _, err = proc.communicate(timeout=60)
-    assert table_exit("a DataLoader worker killed", proc.returncode)
-    assert len(err.strip().splitlines()) == 1, err
+    assert table_exit("a DataLoader worker killed", proc.returncode), err
+    assert len(workers) >= 2 and len(err.strip().splitlines()) == 1, (workers, err)
     line = err.strip()
     assert line.startswith("gluon_gpu.train: error: a DataLoader worker (pid ") and "killed by SIGKILL" in line
-    assert "; continue from its epoch 1, batch " in line, line  # in epoch 2, as far as it came
+    assert "; continue from its epoch 1, batch 2 with: " in line, line  # 1 epoch finished, 2 batches after it
     assert read_metrics(out)["status"] == "failed"
     assert train.main(["--resume", out, "--quiet"]) == 0
     assert_same_run(runs["loader"], out)
@@ -227,13 +230,12 @@ def test_a_run_killed_with_sigkill_leaves_its_temporary_folder_only_until_the_ne
     temp = tempfile.mkdtemp(prefix="gg-", dir="/tmp")
     try:
         env = {**os.environ, "PYTHONPATH": REPO, "TMPDIR": temp}
-        out = str(tmp_path / "run")
-        proc = subprocess.Popen([sys.executable, "-m", "gluon_gpu.train"] + FLAGS + [
-            "--dataset", "folder", "--data-dir", fashion_folder, "--epochs", "2", "--pipeline", "loader", "--out", out],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))  # its workers have run
+        out, marker = str(tmp_path / "run"), str(tmp_path / "held")
+        proc = held_after(FLAGS + ["--dataset", "folder", "--data-dir", fashion_folder, "--epochs", "2", "--pipeline",
+                                   "loader", "--out", out], 26, marker, {"TMPDIR": temp})  # its workers have run
         proc.kill()
-        proc.wait()
+        proc.communicate()
+        os.remove(marker)
         left = os.path.join(temp, f"gluon_gpu-{proc.pid}")
         assert os.listdir(temp) == [os.path.basename(left)] and any(n.startswith("pymp-") for n in os.listdir(left))
         done = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--resume", out, "--quiet"], cwd=REPO, env=env,
@@ -266,10 +268,7 @@ def test_a_streamed_run_stopped_mid_epoch_resumes_to_the_straight_run(how, runs,
     flags = FLAGS + ["--dataset", "folder", "--data-dir", fashion_folder, "--epochs", "2", "--pipeline", "loader",
                      "--log-interval", "1"]
     out = str(tmp_path / "run")
-    proc = start(flags + ["--out", out])
-    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))
-    proc.send_signal(how)
-    proc.communicate(timeout=120)
+    proc, _, _ = stopped_after(flags + ["--out", out], 26, how, str(tmp_path / "held"))  # epoch 2, batch 2 of 24
     assert proc.returncode == (130 if how == signal.SIGINT else -signal.SIGKILL)
     assert train.main(["--resume", out, "--quiet"]) == 0
     assert_same_run(runs["loader"], out)

@@ -87,7 +87,7 @@ from gluon_gpu.programs.config import RunConfig  # noqa: E402
 from gluon_gpu.programs.run import lr_scheduler  # noqa: E402
 
 from conftest import read_metrics  # noqa: E402
-from test_checkpoints import REPO, SMALL, assert_same_run, checkpoint_names, start, wait_for  # noqa: E402
+from test_checkpoints import REPO, SMALL, assert_same_run, checkpoint_names, stopped_after  # noqa: E402
 
 FEATURES = ["--accumulate", "3", "--warmup-epochs", "1", "--warmup-lr", "0.01", "--clip-grad", "0.5",
             "--label-smoothing", "0.1", "--wd", "1e-3", "--no-wd", "--augment", "flip,crop=2,erase", "--mixup", "0.2",
@@ -122,13 +122,11 @@ def test_the_new_flags_resume_exactly_from_a_stop_mid_epoch(tmp_path):
     parameters, moving average and figures."""
     straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
     assert train.main(SMALL + FEATURES + ["--epochs", "3", "--out", straight]) == 0
-    proc = start(SMALL + FEATURES + ["--epochs", "3", "--log-interval", "1", "--out", out])
-    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    proc, _, err = stopped_after(SMALL + FEATURES + ["--epochs", "3", "--log-interval", "1", "--out", out], 25,
+                                 signal.SIGINT, str(tmp_path / "held"))  # epoch 2, batch 5 of 20: inside a sum
     assert proc.returncode == 130, err
     newest = checkpoint_names(out)[-1]
-    assert int(newest.rsplit("-", 1)[1]) % 3 == 0  # between updates, never inside a sum
+    assert newest == "epoch-00001-batch-0000006"  # at the next update, never inside a sum
     assert train.main(["--resume", out, "--quiet"]) == 0
     assert_same_run(straight, out)
 
@@ -304,10 +302,8 @@ def test_logs_of_a_resumed_run_are_those_of_a_straight_one(tmp_path):
     flags = SMALL + ["--epochs", "3", "--log-steps", "--log-interval", "5", "--tensorboard"]
     straight, out = str(tmp_path / "straight"), str(tmp_path / "run")
     assert train.main(flags + ["--out", straight]) == 0
-    proc = start(flags + ["--out", out])
-    wait_for(lambda: "epoch-00001-batch-0000000" in checkpoint_names(out))
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130
+    proc, _, err = stopped_after(flags + ["--out", out], 25, signal.SIGINT, str(tmp_path / "held"))  # epoch 2
+    assert proc.returncode == 130, err
     assert train.main(["--resume", out, "--quiet"]) == 0
 
     def rows(run):
