@@ -47,7 +47,7 @@ train: install data
 # Two pytest workers, a test file each at a time (module fixtures stay in one process):
 # most tests wait on process start-up, so the suite takes about 60% of its serial time.
 test: install data hosts
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist loadfile --durations 15
 
 # A quick subset (tests marked quick in tests/conftest.py), under 2 minutes: for local work.
 check: install data
