@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import trained_run
+from gluon_gpu.core.platform.devices import thread_settings
 from gluon_gpu.core.platform.environment import usable_cpus
 from gluon_gpu.core.platform.errors import UserError
 from gluon_gpu.data.fashion_mnist import fashion_spec
@@ -53,6 +54,8 @@ def test_the_fused_graph_gives_the_training_graphs_figures_and_int8_within_a_poi
     loss, acc, printed = evaluated(run, small_fashion, capsys, "--inference", "fused")
     assert "fused inference" in printed and acc == graph_acc and loss == pytest.approx(graph_loss, abs=2e-4)
     assert f"(2000 samples, {classes[1]} classes predicted, fused inference)" in printed  # both paths count
+    threads = thread_settings()["omp_threads"]  # main(argv) from Python: the process's, not a 0 for "as set"
+    assert f"on cpu(0), {threads} OpenMP thread{'s' * (threads > 1)} (" in printed, printed
     assert graph_acc > (0.6 if which == "lenet" else 0.7)  # trained, not at chance (0.1)
     _, int8_acc, printed = evaluated(run, small_fashion, capsys, "--int8")
     assert "int8 inference" in printed and abs(int8_acc - acc) <= 0.01

@@ -7,7 +7,7 @@ the change against float32."""
 import mxnet as mx
 from mxnet import nd
 
-from ..core.platform.devices import describe, devices, parse_devices
+from ..core.platform.devices import describe, devices, parse_devices, thread_settings
 from ..core.step.heads import head_for
 from ..core.step.members import member_count
 from ..core.step.parallel import DataParallel
@@ -157,7 +157,8 @@ def main(argv=None):
     what = f"member {args.member} of the {what}" if args.member is not None else what
     shown = "  ".join(f"{name} {value:.4f}" for name, value in result.items()
                       if name not in COUNTS and not name.startswith("member_"))
-    where = describe(ctx) if mode == "graph" else f"{describe([mx.cpu()])}, {args.omp_threads} OpenMP threads"
+    threads = thread_settings()["omp_threads"]  # the process's (a main(argv) call in Python cannot set them)
+    where = describe(ctx) if mode == "graph" else f"{describe([mx.cpu()])}, {threads} OpenMP thread{'s' * (threads > 1)}"
     predicted = f", {result['predicted_classes']} classes predicted" if "predicted_classes" in result else ""
     print(f"{args.params}: {what} validation {shown} on {where} ({result['samples']} samples{predicted}, "
           f"{mode} inference)")
