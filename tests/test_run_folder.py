@@ -235,6 +235,8 @@ def test_a_run_whose_inputs_tell_nothing_collapses_to_one_class_and_is_warned_ab
     epochs = read_metrics(out)["epochs"]
     assert ["warning" in e for e in epochs] == [False, True, False] and epochs[-1]["val_predicted_classes"] == 1
     assert epochs[-1]["val_acc"] == pytest.approx(np.mean(y[1280:] == 0)) == pytest.approx(0.7773, abs=1e-4)
+    assert evaluate.main(["--params", out, "--devices", "cpu"]) == 0
+    assert "(256 samples, 1 class predicted, graph inference)" in capsys.readouterr().out
 
 
 def test_one_predicted_class_is_warned_about_unless_it_was_right_about_every_sample():

@@ -158,8 +158,10 @@ def main(argv=None):
     shown = "  ".join(f"{name} {value:.4f}" for name, value in result.items()
                       if name not in COUNTS and not name.startswith("member_"))
     threads = thread_settings()["omp_threads"]  # the process's (a main(argv) call in Python cannot set them)
-    where = describe(ctx) if mode == "graph" else f"{describe([mx.cpu()])}, {threads} OpenMP thread{'s' * (threads > 1)}"
-    predicted = f", {result['predicted_classes']} classes predicted" if "predicted_classes" in result else ""
+    cpu = f"{describe([mx.cpu()])}, {threads} OpenMP thread{'s' * (threads > 1)}"
+    where = describe(ctx) if mode == "graph" else cpu
+    classes = result.get("predicted_classes")
+    predicted = "" if classes is None else f", {classes} class{'es' * (classes != 1)} predicted"
     print(f"{args.params}: {what} validation {shown} on {where} ({result['samples']} samples{predicted}, "
           f"{mode} inference)")
     if float32:

@@ -27,11 +27,6 @@ class Head:
     task = "custom"
     tallied = 0  # the width of predicted(): 0, no tally
 
-    def predicted(self, F, out):  # pylint: disable=unused-argument
-        """Evaluation only: per sample, ``(n, tallied)`` counts summed over the validation
-        set (Classification: its predicted class, one-hot), or None."""
-        return None
-
     def __init__(self, loss, metrics=None, combine=None):
         self.loss = loss
         self.metrics = dict(metrics or {})
@@ -58,6 +53,11 @@ class Head:
         """Whether a finite mean ``loss`` is one no converging run reaches (a task
         without a natural loss scale: never; NaN/inf is caught apart)."""
         return False
+
+    def predicted(self, F, out):  # pylint: disable=unused-argument
+        """Evaluation only: per sample, ``(n, tallied)`` counts summed over the validation
+        set (Classification: its predicted class, one-hot), or None."""
+        return None
 
 
 def _accuracy(F, out, y):
