@@ -137,12 +137,23 @@ class Cluster:
         return {"ctld_address": self.nodes.local, "slurmd_timeout": 10, "node_lines": lines}
 
     def restore(self):
-        """Every node up and idle again (a test before may have killed one)."""
+        """Every node up and idle again (a test before may have killed one), and a node
+        started again runs a step: idle in sinfo, a node just back once refused the step
+        of a job started at once ("Requested node configuration is not available")."""
         states = dict(line.split() for line in self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout.splitlines())
-        for i, (name, _) in enumerate(self.node_names()):
-            if states[name].startswith("down"):
-                self.start_node(i)
+        restarted = [name for name, _ in self.node_names() if states[name].startswith("down")]
+        for name in restarted:
+            self.start_node([n for n, _ in self.node_names()].index(name))
         self._wait_idle()
+        for name in restarted:
+            self._wait_step(name)
+
+    def _wait_step(self, name, timeout=60):
+        """Until a job of one step runs on node ``name``."""
+        deadline = time.time() + timeout
+        while self.run("srun", f"--nodelist={name}", "--nodes=1", "--ntasks=1", "true").returncode:
+            assert time.time() < deadline, f"no step runs on the Slurm node {name} after {timeout} s"
+            time.sleep(0.2)
 
     def _wait_idle(self, timeout=60):
         """Until the node takes jobs (sinfo says idle)."""
