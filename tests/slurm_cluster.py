@@ -141,11 +141,11 @@ class Cluster:
         started again runs a step: idle in sinfo, a node just back once refused the step
         of a job started at once ("Requested node configuration is not available")."""
         states = dict(line.split() for line in self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout.splitlines())
-        restarted = [name for name, _ in self.node_names() if states[name].startswith("down")]
-        for name in restarted:
-            self.start_node([n for n, _ in self.node_names()].index(name))
+        restarted = [(i, name) for i, (name, _) in enumerate(self.node_names()) if states[name].startswith("down")]
+        for i, _ in restarted:
+            self.start_node(i)
         self._wait_idle()
-        for name in restarted:
+        for _, name in restarted:
             self._wait_step(name)
 
     def _wait_step(self, name, timeout=60):

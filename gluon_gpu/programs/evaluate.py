@@ -131,8 +131,7 @@ def evaluate_inference(net, head, x, y, batch_size, dtype):
         if head.tallied:
             tally = head.predicted(nd, out).sum(axis=0) + tally
     figures = dict(zip(("loss",) + head.names, (sums.asnumpy().reshape(-1) / len(x)).tolist()))
-    counts = {"predicted_classes": int((tally.asnumpy() > 0).sum())} if head.tallied else {}
-    return {**figures, "samples": len(x), **counts}
+    return {**figures, "samples": len(x), **(head.tally_figures(tally.asnumpy()) if head.tallied else {})}
 
 
 @main_guard("gluon_gpu.evaluate")

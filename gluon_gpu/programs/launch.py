@@ -381,7 +381,7 @@ def placement(args):
     return placed
 
 
-def slurm_requeues(args):
+def slurm_requeues():
     """How many times Slurm has requeued this batch job (SLURM_RESTART_COUNT: after a node
     failure, by default, or by ``scontrol requeue``): the job script runs again, and its
     workers continue the run as after a restart of the launcher's own."""
@@ -397,7 +397,7 @@ def node_gpus():
 def over_nodes(args, nodes):
     """The roles placed over Slurm's ``nodes``, each node's GPUs split among its workers."""
     gpus = node_gpus()
-    return Placement(nodes, split_gpus(args.num_workers, nodes, gpus) if gpus else 0, slurm_requeues(args))
+    return Placement(nodes, split_gpus(args.num_workers, nodes, gpus) if gpus else 0, slurm_requeues())
 
 
 def after_a_failure(args, placed):

@@ -197,8 +197,8 @@ class GuessingWatch(Callback):
         if level is None:
             return None
         what, other_cause = self.levels[level]
-        return f"the training loss has stayed at {losses[-1]:.4f} for {self.epochs} epochs, the cost of {what}", \
-            other_cause
+        return (f"the training loss has stayed at {losses[-1]:.4f} for {self.epochs} epochs, the cost of {what}",
+                other_cause)
 
     def _one_class(self, recent):
         """``(what, another cause)`` when validation predicted one class only (and was not

@@ -2,7 +2,6 @@
 its ``gluon.Trainer``, gradients, metric sums and a job's workers; metrics; evaluation;
 and the step graphs. parallel.py chooses the strategy."""
 import mxnet as mx
-import numpy as np
 from mxnet import gluon, nd
 
 from ..platform.devices import check_cpu_only
@@ -201,8 +200,8 @@ class Step:  # pylint: disable=too-many-instance-attributes
         reports its combined output (the head's ``combine``) and ``member_<name>`` lists;
         a classifier that knows its class count, ``predicted_classes``: how many classes
         its (combined) output predicted at least once."""
-        combined = self._sums.width + (1 + len(self.names)) * (self.members > 1)
-        width = combined + self.head.tallied
+        tally_at = self._sums.width + (1 + len(self.names)) * (self.members > 1)  # the ensemble's figures before
+        width = tally_at + self.head.tallied
         totals, samples = [nd.zeros((width,), ctx=c) for c in self.ctx], 0
         with semantics(self.is_np):
             for data, label in batches:
@@ -213,9 +212,8 @@ class Step:  # pylint: disable=too-many-instance-attributes
         vector = sum(t.asnumpy() for t in totals)
         result = report(vector[:self._sums.width], samples, self.names, self.members)
         if self.members > 1:
-            result.update(report(vector[self._sums.width:combined], samples, self.names, 1))
-        if self.head.tallied:
-            result["predicted_classes"] = int(np.count_nonzero(vector[combined:]))
+            result.update(report(vector[self._sums.width:tally_at], samples, self.names, 1))
+        result.update(self.head.tally_figures(vector[tally_at:]))
         return result
 
     def _run(self, x, y, training, group=None, extras=(), mixed=False):  # legacy outputs whatever the model's API

@@ -19,6 +19,7 @@ Heads run in the legacy API whatever the model's: gluon_gpu converts the model o
 """
 import math
 
+import numpy as np
 from mxnet import gluon
 
 
@@ -58,6 +59,10 @@ class Head:
         """Evaluation only: per sample, ``(n, tallied)`` counts summed over the validation
         set (Classification: its predicted class, one-hot), or None."""
         return None
+
+    def tally_figures(self, tally):  # pylint: disable=unused-argument
+        """The figures of the evaluation from ``tally``, the host sums of predicted()."""
+        return {}
 
 
 def _accuracy(F, out, y):
@@ -117,6 +122,10 @@ class Classification(Head):
 
     def predicted(self, F, out):
         return F.one_hot(F.argmax(out, axis=-1), depth=self.classes) if self.classes else None
+
+    def tally_figures(self, tally):
+        """``predicted_classes``: how many classes were predicted at least once."""
+        return {"predicted_classes": int(np.count_nonzero(tally))} if self.classes else {}
 
 
 class Regression(Head):
