@@ -2,12 +2,12 @@
 runs its own benchmark invocations and stamps its page with the date, the CPU, the
 version and the commit):
 
-    .venv/bin/python scripts/pages.py                      # every page (about 45 minutes on 2 cores)
+    .venv/bin/python scripts/pages.py                      # every page (about two hours on 2 cores)
     .venv/bin/python scripts/pages.py performance sweeps   # the ones named
 
-``make pages`` runs the first. The serving page's PyTorch row needs an interpreter with
-PyTorch, named by $GLUON_GPU_TORCH_PYTHON (scripts/inference_page.py); without it the
-row is left out. tests/test_docs.py checks that no page is older than the version's
+``make pages`` runs the first. The serving and speed-run pages' PyTorch rows need an
+interpreter with PyTorch, named by $GLUON_GPU_TORCH_PYTHON; without it those rows are
+left out. tests/test_docs.py checks that no page is older than the version's
 minor release.
 """
 import argparse
@@ -22,7 +22,8 @@ PAGES = {"demo": ("demo_page.py", "README.md"),
          "data-scale": ("data_scale_page.py", "docs/data-at-scale.md"),
          "sweeps": ("sweep_page.py", "docs/sweeps.md"),
          "serving": ("inference_page.py", "docs/serving.md"),
-         "bfloat16": ("bfloat16_page.py", "docs/bfloat16.md")}
+         "bfloat16": ("bfloat16_page.py", "docs/bfloat16.md"),
+         "speedrun": ("speedrun_page.py", "docs/speedrun.md")}  # after bfloat16: auto reads its measurement
 
 
 def main(argv=None):
@@ -35,7 +36,7 @@ def main(argv=None):
     for name in names:
         script, page = PAGES[name]
         extra = []
-        if name == "serving" and os.environ.get("GLUON_GPU_TORCH_PYTHON"):
+        if name in ("serving", "speedrun") and os.environ.get("GLUON_GPU_TORCH_PYTHON"):
             extra = ["--torch-python", os.environ["GLUON_GPU_TORCH_PYTHON"]]
         print(f"pages: {name}: {script} -> {page}", flush=True)
         if subprocess.run([sys.executable, os.path.join(HERE, script), *extra]).returncode:

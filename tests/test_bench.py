@@ -8,8 +8,10 @@ import pytest
 
 from gluon_gpu.core.platform.devices import cpu_contexts, thread_settings
 from gluon_gpu.core.platform.environment import usable_cpus
+from gluon_gpu.core.step import precision
 from gluon_gpu.core.step.precision import BF16_CPU_FLAGS, cpu_flags
 from gluon_gpu.data import augment
+from gluon_gpu.programs.bench import accuracy as bench_accuracy
 from gluon_gpu.programs.bench import program as bench
 from gluon_gpu.programs.bench import torch_resnet
 from gluon_gpu.programs.config import RunConfig
@@ -251,6 +253,28 @@ def test_time_to_accuracy_against_the_baseline_loop_with_the_same_recipe(tmp_pat
     assert os.path.getsize(os.path.join(out, "accuracy.png")) > 0
 
 
+def test_time_to_accuracy_takes_the_flags_typed_beside_the_recipe():
+    """`--epochs 4` beside `--recipe resnet20` ran "at most 60 epochs": the recipe filled
+    every flag. Now the typed ones stay, as in train; the rest are the recipe's."""
+    parser = bench.build_parser()
+    flags = parser.parse(["--to-accuracy", "0.85", "--recipe", "resnet20", "--epochs", "4", "--lr", "0.05",
+                          "--devices", "cpu*2"])
+    config = bench_accuracy.bench_config(flags.values, flags.typed)
+    assert (config.epochs, config.lr, config.model, config.ema) == (4, 0.05, "cifar_resnet20_v1", 0.999)
+    config = bench_accuracy.bench_config(parser.parse(["--to-accuracy", "0.94", "--recipe", "fast94", "--devices",
+                                                       "cpu"]).values)
+    assert config.epochs == 10 and config.tta == "flip"
+    assert config.dtype == ("bfloat16" if cpu_flags() & BF16_CPU_FLAGS else "float32")  # the CPU's fastest
+
+
+def test_the_baseline_loop_refuses_test_time_augmentation_in_one_line(capsys, tmp_path):
+    assert bench.main(["--to-accuracy", "0.94", "--recipe", "fast94", "--limit", "256", "--val-limit", "100",
+                       "--dtype", "float32", "--devices", "cpu", "--out", str(tmp_path / "b"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gluon_gpu.bench: error: the baseline loop trains without --mixup, --cutmix, --ema and --tta; leave them out "
+        "of the recipe to compare time to accuracy, or leave the baseline out (--baseline none)")
+
+
 def test_the_baseline_loop_augments_as_gluoncv_and_refuses_what_it_cannot():
     from mxnet import nd
     from gluon_gpu.core.platform.errors import UserError
@@ -330,9 +354,11 @@ def test_the_pytorch_rows_train_what_the_run_trains_or_say_what_they_cannot():
     assert (torch_resnet.ERASE_AREA, torch_resnet.ERASE_ASPECT) == (augment.ERASE_AREA, augment.ERASE_ASPECT)
     for preset, spelled in augment.PRESETS.items():  # the same defaults and presets as gluon_gpu's augment.py
         assert torch_resnet.parse_augment(preset) == augment.parse_augment(spelled)
-    config = apply_recipe(RunConfig(recipe="resnet20"), given=set()).to_dict()
+    config = apply_recipe(RunConfig(recipe="fast94"), given=set()).to_dict()
     assert torch_resnet.refused(config) == ""
-    for change, why in (({"model": "lenet"}, "model lenet"), ({"mixup": 0.2}, "mixup 0.2"),
+    assert torch_resnet.refused(apply_recipe(RunConfig(recipe="resnet20"), given=set()).to_dict()).startswith("ema")
+    assert torch_resnet.refused({**config, "ema": 0, "tta": "flip,shift=1"}) == ""  # no average; views it takes
+    for change, why in (({"model": "lenet"}, "model lenet"), ({"mixup": 0.2}, "mixup 0.2"), ({"ema": 0.99}, "ema"),
                         ({"augment": "flip,jitter"}, "augment jitter"), ({"lr_mode": "poly"}, "lr_mode poly")):
         assert torch_resnet.refused({**config, **change}).startswith(why)
 
@@ -346,8 +372,10 @@ def test_time_to_accuracy_against_pytorch_float32_and_bfloat16_autocast(tmp_path
                        "--baseline", "none", "--torch-python", os.environ["GLUON_GPU_TORCH_PYTHON"], "--out", out,
                        "--quiet"]) == 0
     report = json.load(open(os.path.join(out, "accuracy.json")))
-    assert [r["name"] for r in report["results"]] == ["gluon_gpu float32", "PyTorch float32",
-                                                      "PyTorch bfloat16 autocast"]
+    best = "bfloat16 autocast" if precision.cpu_flags() & precision.BF16_CPU_FLAGS else "float32"
+    assert [r["name"] for r in report["results"]] == ["gluon_gpu float32", "PyTorch float32"] + [
+        "PyTorch bfloat16 autocast"] * (best != "float32") + [f"PyTorch standard recipe, {best}"]
+    assert report["results"][-1]["epochs"] <= bench_accuracy.STANDARD["epochs"]
     for r in report["results"]:
         seconds, accuracy = zip(*r["curve"])
         assert list(seconds) == sorted(seconds) and max(accuracy) > 0.2  # each learned

@@ -38,8 +38,9 @@ def saved(path):
 def test_bfloat16_lenet_learns_like_float32_and_resumes_exactly(tmp_path):
     common = ["--devices", "cpu*2", "--limit", "4096", "--batch-size", "64", "--epochs", "2"]
     plan = train_run(tmp_path / "bf16", *common, "--dtype", "bfloat16")
-    assert "in bfloat16 (contrib.amp) (warning: slower than float32: ResNet-20 trained at" in plan
-    assert bfloat16_warning() in plan  # the figure docs/bfloat16.md measured
+    measured = precision.bfloat16_measured()  # this CPU class's figures (docs/bfloat16.md), if measured
+    assert "in bfloat16 (contrib.amp) (" + ("not measured on a CPU with" if measured is None else "") in plan
+    assert measured is None or precision.measured_words(measured) in plan
     train_run(tmp_path / "fp32", *common)
     bf16, fp32 = read_metrics(tmp_path / "bf16"), read_metrics(tmp_path / "fp32")
     acc = [m["epochs"][-1]["val_acc"] for m in (bf16, fp32)]
@@ -54,17 +55,25 @@ def test_bfloat16_lenet_learns_like_float32_and_resumes_exactly(tmp_path):
         np.testing.assert_array_equal(resumed[k], v, err_msg=k)
 
 
-def test_the_bfloat16_warning_cites_the_measured_ratio(tmp_path):
+def test_the_bfloat16_warning_cites_the_ratio_measured_on_this_cpu_class(tmp_path):
     measured = tmp_path / "measured.json"
-    measured.write_text(json.dumps({"model": "ResNet-20", "ratio": 0.89, "cpu": "some CPU", "date": "2026-12-05",
-                                    "page": "docs/bfloat16.md"}))
-    assert bfloat16_warning(str(measured)) == ("warning: slower than float32: ResNet-20 trained at 0.89x float32's "
-                                               "samples/s (measured 2026-12-05 on some CPU, docs/bfloat16.md)")
-    measured.write_text(json.dumps({"model": "ResNet-20", "ratio": 1.4, "cpu": "x", "date": "d", "page": "p"}))
-    assert bfloat16_warning(str(measured)) == ""  # faster: nothing to warn of
-    assert bfloat16_warning(str(tmp_path / "none.json")) == ""
-    with open(BFLOAT16_MEASURED) as f:  # the committed measurement is the page's
-        assert json.load(f)["page"] == "docs/bfloat16.md"
+    row = {"cpu": "some CPU", "date": "2026-12-05", "version": "0.9.0", "amp": 0.89, "onednn": 2.04}
+    measured.write_text(json.dumps({"model": "ResNet-20", "page": "docs/bfloat16.md",
+                                    "classes": {"AVX-512 BF16 and AMX": row}}))
+    amx = {"avx512_bf16", "amx_bf16", "amx_tile"}
+    found = precision.bfloat16_measured(amx, str(measured))
+    assert bfloat16_warning(found) == ("warning: slower than float32: ResNet-20 trained at 0.89x float32's "
+                                       "samples/s through contrib.amp (measured 2026-12-05 on some CPU (AVX-512 BF16 "
+                                       "and AMX), docs/bfloat16.md)")
+    assert precision.bfloat16_measured({"avx512_bf16"}, str(measured)) is None  # another class: nothing
+    row["amp"] = 1.4
+    measured.write_text(json.dumps({"classes": {"AVX-512 BF16 and AMX": row}}))
+    assert bfloat16_warning(precision.bfloat16_measured(amx, str(measured))) == ""  # faster: nothing to warn of
+    assert precision.bfloat16_measured(amx, str(tmp_path / "none.json")) is None
+    with open(BFLOAT16_MEASURED) as f:  # the committed measurement is the page's, a row per class
+        committed = json.load(f)
+    assert committed["page"] == "docs/bfloat16.md"
+    assert set(committed["classes"]) <= {"AVX-512 BF16", "AVX-512 BF16 and AMX"}
 
 
 @needs_bf16

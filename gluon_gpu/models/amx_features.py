@@ -1,5 +1,9 @@
-"""bfloat16 training that pays on CPUs with AMX: a CIFAR ResNet v1's features (every
-convolution, BatchNorm, ReLU and residual add) run as one operator on oneDNN 3.
+"""bfloat16 training on oneDNN 3's kernels: a convolutional network's features (every
+convolution, BatchNorm, ReLU and residual add of a CIFAR ResNet v1, or of a network of
+this package's zoo marked ``onednn_features``) run as one operator on oneDNN 3, which
+uses AMX where the CPU has it and AVX-512 BF16 otherwise. ``--bfloat16-kernels auto``
+takes it where bfloat16_measured.json found it faster than contrib.amp on the CPU's
+class (:func:`auto_kernels`).
 
 Why: MXNet 1.9.1's bundled oneDNN 2.4 runs bfloat16 convolutions on AVX-512 BF16
 kernels that are slower than its float32 ones (docs/bfloat16.md); oneDNN 3 (the
@@ -29,7 +33,7 @@ from ..core.platform.devices import CpuOnly, thread_settings
 from ..core.platform.environment import cpu_flags
 from ..core.platform.errors import UserError
 from ..core.platform.walk import descendants
-from ..core.step.precision import OwnBfloat16
+from ..core.step.precision import BF16_CPU_FLAGS, OwnBfloat16, bfloat16_measured
 from .compiled import KernelUnavailable, build_library, cached_path, compiler
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "amx_features.cc")
@@ -103,9 +107,10 @@ def library():
 
 
 def supports(net):
-    """Whether ``net`` is a CIFAR ResNet v1 (gluoncv's ``cifar_resnet*_v1``) whose
-    features this library runs; any other network keeps MXNet's own layers."""
-    if type(net).__name__ != "CIFARResNetV1":
+    """Whether ``net`` is a CIFAR ResNet v1 (gluoncv's ``cifar_resnet*_v1``) or a network
+    marked ``onednn_features`` whose features this library runs; any other network keeps
+    MXNet's own layers."""
+    if type(net).__name__ != "CIFARResNetV1" and not getattr(net, "onednn_features", False):
         return False
     try:
         Program(net.features)
@@ -286,8 +291,8 @@ class AmxFeatures(nn.HybridSequential, OwnBfloat16, CpuOnly):
     """A CIFAR ResNet v1's ``features`` run by the oneDNN 3 library; its children and
     Parameters are the standard ones (see :func:`use`)."""
 
-    cpu_only = "`dtype` bfloat16 on oneDNN 3's AMX kernels runs on CPUs only"
-    kernels = "oneDNN 3 on AMX: the features' convolutions, BatchNorms, ReLUs and adds"
+    cpu_only = "`dtype` bfloat16 on oneDNN 3's kernels runs on CPUs only"
+    kernels = "oneDNN 3: the features' convolutions, BatchNorms, ReLUs and adds"
 
     def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
         program = self._program
@@ -325,15 +330,27 @@ def uses(net):
     return any(isinstance(b, AmxFeatures) for b in descendants(net))
 
 
+def auto_kernels(flags=None):
+    """What ``--bfloat16-kernels auto`` takes on this CPU (``flags``: another's): the path
+    bfloat16_measured.json found faster on its class; on a class not measured, onednn with
+    AMX (where it was built to pay) and amp without."""
+    flags = cpu_flags() if flags is None else flags
+    measured = bfloat16_measured(flags)
+    if measured and "onednn" in measured:
+        return "onednn" if float(measured["onednn"]) > float(measured["amp"]) else "amp"
+    return "onednn" if has_amx(flags) else "amp"
+
+
 def choose(net, mode, ctx, members=1, sync_bn=False):
     """Run ``net``'s features here (in bfloat16) where ``mode`` (``--bfloat16-kernels``)
-    says: ``auto``, for one CIFAR ResNet v1 on CPUs with AMX when the kernels build (else
-    contrib.amp, with a one-line warning if they failed to build); ``onednn``, that or a
-    UserError saying why not; ``amp``, never. ``sync_bn``: the run synchronizes its
-    BatchNorms over the devices, which these kernels do not."""
+    says: ``auto``, where :func:`auto_kernels` does and the network is one these kernels
+    run (else contrib.amp, with a one-line warning if they failed to build); ``onednn``,
+    that or a UserError saying why not; ``amp``, never. ``sync_bn``: the run synchronizes
+    its BatchNorms over the devices, which these kernels do not."""
     if mode not in MODES:
         raise UserError(f"unknown `bfloat16_kernels` {mode!r}: choose one of {', '.join(MODES)}")
-    why = _why_not(net, ctx, members) if mode != "amp" else "asked for"
+    why = _why_not(net, ctx, members) if mode == "onednn" or (mode == "auto" and auto_kernels() == "onednn") \
+        else "asked for"
     if why is None and sync_bn:
         why = "its BatchNorms normalize each device's samples alone, not with `sync_bn`"
     if why is None:
@@ -349,17 +366,17 @@ def choose(net, mode, ctx, members=1, sync_bn=False):
 
 
 def runs(net, ctx):
-    """Whether ``net`` can run its features here: one CIFAR ResNet v1 on CPUs with AMX."""
-    return _why_not(net, ctx, 1) is None
+    """Whether ``auto`` runs ``net``'s features here on these kernels."""
+    return auto_kernels() == "onednn" and _why_not(net, ctx, 1) is None
 
 
 def _why_not(net, ctx, members):
     if any(c.device_type != "cpu" for c in ctx):
         return "it runs on CPUs only"
-    if not has_amx():
-        return "this CPU has no AMX (/proc/cpuinfo lists no amx_bf16)"
+    if not cpu_flags() & BF16_CPU_FLAGS:
+        return "this CPU has neither AVX-512 BF16 nor AMX (/proc/cpuinfo lists neither avx512_bf16 nor amx_bf16)"
     if members > 1:
         return "it trains one network, not an `ensemble` or a `sweep`"
     if not supports(net):
-        return "it runs gluoncv's CIFAR ResNets v1 (cifar_resnet20_v1, ...) only"
+        return "it runs gluoncv's CIFAR ResNets v1 (cifar_resnet20_v1, ...) and the zoo's networks marked for it only"
     return None

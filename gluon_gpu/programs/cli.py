@@ -204,6 +204,16 @@ def unit_fraction(text):
     return value
 
 
+def tta_text(text):
+    """--tta: the test-time augmentation as spelled again ('flip,shift=1'), '' for none."""
+    from ..core.step.tta import parse_tta
+    try:
+        tta = parse_tta(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
+    return tta.spelled() if tta else ""
+
+
 def epoch_list(text):
     """Comma-separated epochs, each a positive whole number, in increasing order: '6,8'
     (normalized). Empty items, zero, negatives and repeats are refused: a schedule at

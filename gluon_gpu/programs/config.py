@@ -18,7 +18,7 @@ from ..models.fused_conv import MODES
 from ..models.member_stack import LAYOUTS
 from ..models.zoo import MODELS, ZOO_EXAMPLES
 from .cli import Renamed, as_flags, below_one, epoch_list, non_negative_float, non_negative_int, positive_float, \
-    positive_int, seed, thread_count
+    positive_int, seed, thread_count, tta_text
 
 OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
@@ -124,6 +124,9 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                  "(e.g. 0.999), validated each epoch and saved as ema.params; best.params takes it "
                                  "when its --monitor figure is better (0: none, to take a recipe's out)",
                                  type=below_one, metavar="DECAY")
+    tta: str = _flag("", "test-time augmentation of validation: judge the mean log-probabilities of each image's "
+                     "views: flip (and its mirror), shift=P (and each moved P pixels down-right and up-left), "
+                     "e.g. flip,shift=1; none", True, type=tta_text, metavar="LIST")
     mixup_off_epochs: int = _flag(0, "the last N epochs without --mixup or --cutmix (GluonCV's --mixup-off-epoch)",
                                   type=non_negative_int, metavar="N")
     recipe: Optional[str] = _flag(None, "a named bundle of training flags (--recipe list shows them with "
@@ -192,7 +195,7 @@ GROUPS = {"data": ("dataset", "data_dir", "image_size", "task", "limit", "val_li
           "model": ("model", "seed", "hybridize", "sync_bn"),
           "training": ("recipe", "epochs", "batch_size", "lr", "optimizer", "momentum", "wd", "no_wd", "lr_mode",
                        "lr_decay", "lr_decay_epoch", "warmup_epochs", "warmup_lr", "accumulate", "clip_grad"),
-          "regularization": ("augment", "label_smoothing", "mixup", "cutmix", "mixup_off_epochs", "ema"),
+          "regularization": ("augment", "label_smoothing", "mixup", "cutmix", "mixup_off_epochs", "ema", "tta"),
           "distribution": ("devices", "kvstore", "bucket_mb"),
           "precision": ("dtype", "amp", "bfloat16_kernels"),
           "ensembles and sweeps": ("ensemble", "ensemble_layout", "sweep", "sweep_random", "prune", "prune_warmup"),

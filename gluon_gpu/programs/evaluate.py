@@ -11,6 +11,8 @@ from ..core.platform.devices import describe, devices, parse_devices, thread_set
 from ..core.step.heads import head_for
 from ..core.step.members import member_count
 from ..core.step.parallel import DataParallel
+from ..core.step.tta import check_tta, parse_tta
+from ..core.platform.errors import UserError
 from ..data import DataSpec, load_dataset, make_pipeline
 from ..data.sources import sample_batches
 from ..models import load_model, params_in, pipeline_layout, recorded_run
@@ -23,7 +25,7 @@ COUNTS = ("samples", "predicted_classes")  # in the figures, beside the metrics
 
 def build_parser():
     p = Parser("evaluate", description=__doc__)
-    add_flags(p, COMMON_FLAGS + ("pipeline",))
+    add_flags(p, COMMON_FLAGS + ("pipeline", "tta"))
     add_saved_model_flags(p)
     add_inference_flags(p)
     return p
@@ -84,7 +86,7 @@ def validation_data(spec, data_dir=None, limit=0, streamed=False):
 
 
 def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_conv="auto", member=None,
-                    inference="graph", calibration=512, data=None, pipeline="auto"):
+                    inference="graph", calibration=512, data=None, pipeline="auto", tta=None):
     """``{'loss', <metric>...}`` on the validation split for the parameters in ``path``
     loaded onto ``ctx`` (``member``: that member of an ensemble or sweep alone), run as
     the ``inference`` graph (models/inference.py; ``int8``: calibrated on ``calibration``
@@ -94,18 +96,19 @@ def evaluate_params(path, ctx, model=None, data_dir=None, batch_size=256, fused_
     spec = recorded_spec(path)
     data = data or validation_data(spec, data_dir, calibration if inference == "int8" else 0, streamed=True)
     spec = spec or data.spec
+    check_tta(tta, spec.input_shape, spec.task)
     if inference != "graph":
         example = next(iter(sample_batches(data.val_x, batch_size)))[1]
         net = inference_model(path, spec, inference, example, model, member,
                               calibration=data.train_x[:calibration], log=True)
         return evaluate_inference(net, head_for(spec.task, spec.outputs), data.val_x, data.val_y, batch_size,
-                                  spec.dtype)
+                                  spec.dtype, tta)
     return graph_evaluation(path, ctx, spec, data.val_x, data.val_y, batch_size, model, fused_conv, member,
-                            pipeline)()
+                            pipeline, tta)()
 
 
 def graph_evaluation(path, ctx, spec, x, y, batch_size, model=None, fused_conv="auto", member=None,
-                     pipeline="auto"):
+                     pipeline="auto", tta=None):
     """``() -> figures``: the training graph's evaluation of the parameters in ``path`` on
     ``ctx`` over samples ``x``, labels ``y`` (the network loaded and the samples placed
     once; the benchmark calls it again and again). ``pipeline`` as ``--pipeline``: auto
@@ -113,18 +116,19 @@ def graph_evaluation(path, ctx, spec, x, y, batch_size, model=None, fused_conv="
     net = load_model(path, ctx, model, input_shape=spec.input_shape, outputs=spec.outputs, fused_conv=fused_conv,
                      member=member)
     members = member_count(net)
-    dp = DataParallel(net, ctx, head=head_for(spec.task, spec.outputs), transform=spec.transform(members))
+    dp = DataParallel(net, ctx, head=head_for(spec.task, spec.outputs), transform=spec.transform(members), tta=tta)
     eval_ctx = pipeline_layout(net, ctx).eval_ctx  # an ensemble of placed members: its home device
     batches = make_pipeline(pipeline, x, y, batch_size, eval_ctx, shuffle=False, members=members)
     return lambda: dp.evaluate(batches.epoch(0))
 
 
-def evaluate_inference(net, head, x, y, batch_size, dtype):
+def evaluate_inference(net, head, x, y, batch_size, dtype, tta=None):
     """The figures of :func:`evaluate_params` for a Servable giving log-probabilities (or
-    predictions), batch by batch on the host."""
+    predictions), batch by batch on the host; ``tta``: of the mean over each batch's views."""
     sums, tally = None, 0
     for start, batch in sample_batches(x, batch_size):  # summed where computed: one wait, at the end
-        out = net(nd.array(batch, dtype=dtype))
+        out = (tta.host_mean(lambda view: net(nd.array(view, dtype=dtype)), batch) if tta
+               else net(nd.array(batch, dtype=dtype)))
         loss, metrics = head.per_sample(nd, out, nd.array(y[start:start + len(batch)]))
         figures = nd.stack(*[v.sum().astype("float64") for v in [loss] + metrics])
         sums = figures if sums is None else sums + figures
@@ -140,6 +144,10 @@ def main(argv=None):
     args.params = params_in(args.params, args.member)
     run = recorded_run(args.params)
     model = args.model or run["model"]
+    tta = parse_tta(args.tta)
+    if tta and run["members"] > 1 and args.member is None:
+        raise UserError("`tta` evaluates one network: pick a member of this "
+                        f"{'sweep' if run['sweep'] else 'ensemble'} with `member`")
     with devices(args.devices) as ctx:
         check_batch(args.batch_size, ctx)
         mode = graph_mode(args, ctx)
@@ -148,7 +156,7 @@ def main(argv=None):
 
         def figures_of(graph):  # the data read once, for int8 and its float32 reference
             return evaluate_params(args.params, ctx, model, args.data_dir, args.batch_size, args.fused_conv,
-                                   args.member, graph, args.calibration_samples, data, args.pipeline)
+                                   args.member, graph, args.calibration_samples, data, args.pipeline, tta)
         result = figures_of(mode)
         float32 = figures_of("fused") if mode == "int8" else None
     kind = "sweep" if run["sweep"] else "ensemble"
@@ -162,7 +170,7 @@ def main(argv=None):
     classes = result.get("predicted_classes")
     predicted = "" if classes is None else f", {classes} class{'es' * (classes != 1)} predicted"
     print(f"{args.params}: {what} validation {shown} on {where} ({result['samples']} samples{predicted}, "
-          f"{mode} inference)")
+          f"{mode} inference{', tta ' + tta.spelled() if tta else ''})")
     if float32:
         change = "  ".join(f"{name} {float32[name]:.4f} ({result[name] - float32[name]:+.4f})" for name in float32
                            if name not in COUNTS + ("loss",))

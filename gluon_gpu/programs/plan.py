@@ -3,7 +3,7 @@ exchanged, who gets each batch, the data and the run folder."""
 from ..core.platform.devices import describe, thread_settings
 from ..core.state.version import __version__
 from ..core.step.kvstores import default_kvstore
-from ..core.step.precision import bfloat16_warning
+from ..core.step.precision import bfloat16_class, bfloat16_measured, bfloat16_warning, measured_words
 from ..models.fused_conv import is_fused
 from ..models.init import ensemble_layout
 from .recipes import spelled
@@ -45,13 +45,13 @@ def plan_line(config, run, ctx, out, dry_run=False):
         what += f", prune {config.prune} from epoch {config.prune_warmup}"
     what += " (fused conv+relu+pool)" if is_fused(dp.net) else ""
     what += f" in {dp.precision.describe()}" if dp.precision.dtype != "float32" else ""
-    warning = bfloat16_warning() if dp.precision.dtype == "bfloat16" and not dp.precision.kernels else ""
-    what += f" ({warning})" if warning else ""
+    what += bfloat16_note(config, dp.precision)
     workers = f" x {dp.num_workers} workers" if dp.num_workers > 1 else ""
     spec = run.data.spec
     task = (f"{len(spec.classes)} classes" if spec.task == "classify" else f"regression of {spec.outputs}")
     augment = ((f", augment {run.augment}" if run.augment else "") + (f", {run.mixing}" if run.mixing else "")
-               + (f", ema {config.ema:g}" if config.ema else ""))
+               + (f", ema {config.ema:g}" if config.ema else "") + (f", validated with tta {config.tta}" if config.tta
+                                                                    else ""))
     recipe = f"recipe {config.recipe}: {spelled(config)} | " if config.recipe else ""
     dry = " (dry run: not created)" if dry_run else ""
     return (f"gluon_gpu {__version__} | {what} on {describe(ctx)}{workers}{cpu_threads(ctx)} | "
@@ -67,3 +67,20 @@ def batch_plan(dp, pipeline, batch_size, ctx):
     if not dp.owner:
         return f"{batch_size // len(ctx)}+ per device"
     return "whole, to each member in turn" if pipeline.turns > 1 else "whole, to every member"
+
+
+def bfloat16_note(config, precision):
+    """What the plan line says of a bfloat16 run's kernels: the figures measured on this
+    CPU's class (never another's), and why ``auto`` chose as it did."""
+    if precision.dtype != "bfloat16":
+        return ""
+    measured = bfloat16_measured()
+    warning = bfloat16_warning(measured) if not precision.kernels else ""
+    if warning:
+        return f" ({warning})"
+    if not measured:
+        return f" (not measured on a CPU with {bfloat16_class()}: scripts/bfloat16_page.py measures it)"
+    figures = f"contrib.amp {float(measured['amp']):.2f}x float32" + (
+        f", oneDNN 3 {float(measured['onednn']):.2f}x" if "onednn" in measured else "")
+    chosen = "auto chose the faster: " if config.bfloat16_kernels == "auto" and "onednn" in measured else ""
+    return f" ({chosen}{figures}, {measured_words(measured)})"

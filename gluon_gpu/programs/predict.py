@@ -22,6 +22,7 @@ from ..core.platform.errors import DataError, UserError
 from ..core.step.array_api import call
 from ..core.step.heads import head_for
 from ..core.step.members import member_count
+from ..core.step.tta import check_tta, parse_tta
 from ..data.fashion_mnist import fashion_spec, read_idx
 from ..data.images import decode
 from ..models import load_model, params_in
@@ -34,7 +35,8 @@ from .evaluate import (add_inference_flags, add_saved_model_flags, graph_mode, o
 
 def build_parser():
     p = Parser("predict", description=__doc__)
-    add_flags(p, ("devices", "fused_conv", "omp_threads", "engine_threads", "data_dir"), defaults={"devices": None})
+    add_flags(p, ("devices", "fused_conv", "omp_threads", "engine_threads", "data_dir", "tta"),
+              defaults={"devices": None})
     add_saved_model_flags(p)
     add_inference_flags(p)
     p.add_argument("--idx", help="an IDX images file (.gz or not) to predict entries of")
@@ -60,10 +62,15 @@ def parse_index(text, n):
     return list(rows)
 
 
-def predict(net, inputs, ctx, spec):
+def predict(net, inputs, ctx, spec, tta=None, log=False):
     """Outputs for stored-format inputs ``(N, *spec.input_shape)``, cut over ``ctx``:
     class probabilities (classification) or predictions (regression); an ensemble
-    gives its combined output (the mean softmax, or the mean prediction)."""
+    gives its combined output (the mean softmax, or the mean prediction). ``tta``: the
+    softmax of the mean of the views' log-probabilities (core/step/tta.py). ``log``:
+    log-probabilities."""
+    if tta is not None:
+        return nd.softmax(tta.host_mean(lambda view: nd.array(predict(net, view, ctx, spec, log=True)), inputs),
+                          axis=-1).asnumpy()
     members = member_count(net)
     batch = nd.array(inputs, dtype="uint8" if spec.dtype == "uint8" else "float32")
     if members > 1:  # every member sees every input
@@ -75,7 +82,7 @@ def predict(net, inputs, ctx, spec):
         out = call(net, transform(x))
         if members > 1:
             out = head.combine(nd, out)
-        outs.append(nd.softmax(out, axis=-1) if spec.task == "classify" else out)
+        outs.append((nd.log_softmax if log else nd.softmax)(out, axis=-1) if spec.task == "classify" else out)
     return np.concatenate([o.asnumpy() for o in outs])
 
 
@@ -133,17 +140,21 @@ def main(argv=None):
     args.params = params_in(args.params, args.member)
     spec = recorded_spec(args.params) or fashion_spec()  # a file without a run: the tutorial's LeNet
     names, inputs = _inputs(args, spec)
+    tta = parse_tta(args.tta)
+    check_tta(tta, spec.input_shape, spec.task)
     with devices(args.devices or default_devices()) as ctx:
         mode = graph_mode(args, ctx)
         if mode == "graph":
             net = load_model(args.params, ctx, args.model, input_shape=spec.input_shape, outputs=spec.outputs,
                              fused_conv=args.fused_conv, member=args.member)
-            outputs = predict(net, inputs, ctx, spec)
+            outputs = predict(net, inputs, ctx, spec, tta)
         else:
             calibration = (validation_data(spec, args.data_dir, args.calibration_samples).train_x[
                 :args.calibration_samples] if mode == "int8" else None)
-            net = inference_model(args.params, spec, mode, inputs, args.model, args.member, calibration)
-            outputs = net(nd.array(inputs, dtype=spec.dtype)).asnumpy()
+            net = inference_model(args.params, spec, mode, inputs, args.model, args.member, calibration,
+                                  log=tta is not None)
+            outputs = (nd.softmax(tta.host_mean(lambda view: net(nd.array(view, dtype=spec.dtype)), inputs), axis=-1)
+                       if tta else net(nd.array(inputs, dtype=spec.dtype))).asnumpy()
     results = [describe_output(name, values, spec) for name, values in zip(names, outputs)]
     if args.json:
         print(json.dumps(results, indent=2))

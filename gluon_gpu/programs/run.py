@@ -13,6 +13,7 @@ from ..core.step.heads import head_for
 from ..core.step.kvstores import check_options
 from ..core.step.parallel import DataParallel
 from ..core.step.precision import check_precision, precision_for
+from ..core.step.tta import check_tta, parse_tta
 from ..core.step.spread_members import owners
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
 from ..data.augment import describe, make_augment
@@ -64,6 +65,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
         spec = DataSpec.from_dict(saved_spec)  # the run's normalization, not a recomputed one
     if model is None:
         config = replace(config, model=model_for(config.model, spec.input_shape))
+    check_tta(parse_tta(config.tta), spec.input_shape, spec.task)
     store = mx.kv.create(config.kvstore) if config.kvstore and config.kvstore.startswith("dist") else None
     spread = spread_over(store, members, config.ensemble_layout)
     shard = (store.rank, store.num_workers) if store and not spread else (0, 1)
@@ -104,6 +106,8 @@ def _check_config(config, ctx, model):
         raise UserError(f"`seed` {config.seed} with `ensemble` {config.ensemble}: member seeds pass {MAX_SEED}")
     if config.ema and members > 1:
         raise UserError("`ema` does not apply to an `ensemble` or a `sweep` yet")
+    if config.tta and members > 1:
+        raise UserError("`tta` validates one network, not an `ensemble` or a `sweep`")
     return sweep
 
 
@@ -172,7 +176,7 @@ def _step(config, ctx, net, store, spec, sweep, inputs, exchange, train, spread)
                         transform=spec.transform(members), hybridize=config.hybridize, dtype=config.dtype,
                         amp=config.amp, batch_size=config.batch_size, bucket_bytes=int(config.bucket_mb * 2**20),
                         exchange=exchange, accumulate=config.accumulate, clip_grad=config.clip_grad,
-                        augment=inputs.augment, mixing=inputs.mixing)
+                        augment=inputs.augment, mixing=inputs.mixing, tta=config.tta or None)
 
 
 def _warnings(config, synced, workers, samples):

@@ -130,12 +130,18 @@ class BaselineRecipe:
     ``until``, the accuracy that ends it."""
 
     def __init__(self, config, iters_per_epoch, until, size):
-        if config.mixup or config.cutmix or config.ema:
-            raise UserError("the baseline loop trains without --mixup, --cutmix and --ema; leave them out of the "
-                            "recipe to compare time to accuracy")
+        check_recipe(config, size)
         self.optimizer, self.optimizer_params = config.optimizer, optimizer_params(config, iters_per_epoch)
         self.transforms = host_transforms(parse_augment(config.augment), size)
         self.smoothing, self.no_wd, self.until = config.label_smoothing, config.no_wd, until
+
+
+def check_recipe(config, size):
+    """Refuse what the baseline loop cannot train as ``config`` says (UserError, one line)."""
+    if config.mixup or config.cutmix or config.ema or config.tta:
+        raise UserError("the baseline loop trains without --mixup, --cutmix, --ema and --tta; leave them out of "
+                        "the recipe to compare time to accuracy, or leave the baseline out (--baseline none)")
+    host_transforms(parse_augment(config.augment), size)
 
 
 def host_transforms(components, size):

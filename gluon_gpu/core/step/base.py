@@ -17,6 +17,7 @@ from .metrics import DeviceSums, report
 from .params import place
 from .precision import check_precision, enable_amp, init_loss_scaling, own_bfloat16, precision_for
 from .training_inputs import TrainingInputs
+from .tta import tta_for
 
 
 class Step:  # pylint: disable=too-many-instance-attributes
@@ -43,6 +44,8 @@ class Step:  # pylint: disable=too-many-instance-attributes
     ``exchange=False``: no gradient exchange (the benchmark's baseline). ``accumulate=N``: N steps' gradients
     summed before one update. ``clip_grad``: the mean gradient's global norm clipped after the exchange.
     ``dtype``/``amp``/``loss_scaling``: precision.py. ``augment``, ``mixing``: training inputs (inputs.py).
+    ``tta``: test-time augmentation of evaluation, ``'flip,shift=1'`` or a TestTimeAugmentation
+    (data/test_time.py; a classifier of images, one network).
     """
 
     owner = None  # placed.py: the network, a PlacedMembers
@@ -50,7 +53,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
     def __init__(self, net, ctx, optimizer="sgd", optimizer_params=None, kvstore=None, head=None,
                  transform=None, hybridize=True, dtype="float32", initializer=None, batch_size=None,
                  bucket_bytes=DEFAULT_BUCKET_BYTES, exchange=True, accumulate=1, clip_grad=None, amp=False,
-                 loss_scaling=None, augment=None, mixing=None):
+                 loss_scaling=None, augment=None, mixing=None, tta=None):
         self.ctx, self.net, self.transform, self.hybridize = list(ctx), net, transform, hybridize
         self.batch_size, self.accumulate, self.clip_grad = batch_size, accumulate, clip_grad
         self.pending_batches, self._pending_samples = 0, 0
@@ -60,6 +63,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
         self.head, self.heads = as_heads(head)  # placed members may have one each
         self.names, self.members, self.is_np = self.head.names, member_count(net), model_is_np(net)
         self.inputs = TrainingInputs(augment, mixing, self.members > 1, self.owner is not None)
+        self.tta = tta_for(tta, self.head, self.members)
         self._prepare(initializer or mx.init.Xavier(), accumulate)
         store = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         kvstore = store.type if store else (kvstore or default_kvstore(self.ctx))
@@ -228,7 +232,8 @@ class Step:  # pylint: disable=too-many-instance-attributes
             block = self._graph_block(group, shape)
             graph = make_step_graph(block.net, block.head, self.transform, self.precision, block.members,
                                     self.is_np, training, block.slots, self.inputs.augment,
-                                    self.inputs.mixing if mixed else None, block.shared, block.skipping)
+                                    self.inputs.mixing if mixed else None, block.shared, block.skipping,
+                                    self.tta)
             if self.hybridize and isinstance(block.net, gluon.HybridBlock):
                 graph.hybridize(static_alloc=True, static_shape=True)
             self._graphs[key] = graph

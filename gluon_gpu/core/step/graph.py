@@ -22,7 +22,7 @@ class GraphBlock(NamedTuple):
 
 
 def make_step_graph(net, head, transform, precision, members, is_np, training, slots=None, augment=None,
-                    mixing=None, shared=False, skipping=None):
+                    mixing=None, shared=False, skipping=None, tta=None):
     """``(x, y) -> (loss sums (K,), stats)`` in training, ``stats`` in evaluation.
 
     ``stats`` is ``[loss sums (K), each metric's sums (K)]``; evaluating an ensemble
@@ -41,18 +41,36 @@ def make_step_graph(net, head, transform, precision, members, is_np, training, s
     ``shared``: the members share one batch, ``x (n, 1, ...)``, ``y (n, 1)``, augmented
     once for all of them. Members augment each their own column, parameters
     ``(n, K, P)`` (shared: ``(n, 1, P)``), when they do not mix. ``skipping``: members of
-    a group left out of it (built without Gluon's warning that their parameters are unused)."""
+    a group left out of it (built without Gluon's warning that their parameters are unused).
+    Evaluation only: ``tta`` (data/test_time.py) runs the network on each sample's views
+    and judges the mean of their log-probabilities."""
     kind = StepGraph if isinstance(net, gluon.HybridBlock) else EagerStepGraph
     graph = kind(prefix="")
     graph.net, graph.transform, graph.skipping = net, transform, skipping
     graph.augment, graph.mixing = (augment, mixing) if training else (None, None)
+    graph.tta = None if training else tta
     graph._config = (head, precision, members, is_np, training, slots, shared)  # pylint: disable=protected-access
     return graph
 
 
 def _forward(graph, F, x, y, extras=()):
-    head, precision, members, is_np, training, slots, shared = graph._config  # pylint: disable=protected-access
-    x, y, extras = legacy(x), legacy(y), [legacy(e) for e in extras]
+    head, precision, members, is_np, training, slots, _ = graph._config  # pylint: disable=protected-access
+    x, y, partner = _inputs(graph, F, legacy(x), legacy(y), [legacy(e) for e in extras])
+    out = graph.net(to_api(x, is_np))
+    with mx.util.np_array(False):
+        out = legacy(out)
+        if precision.dtype != "float32":  # losses and sums in float32 whatever the network computes in
+            out = F.cast(out, dtype="float32")
+        if graph.tta is not None:
+            out = graph.tta.combine(F, out)
+        sums = _head_sums(F, head, out, y.astype("float32"), members, training, slots, partner)
+    return tuple(to_api(s, is_np) for s in sums) if training else to_api(sums, is_np)
+
+
+def _inputs(graph, F, x, y, extras):
+    """``(x, y, partner)``: the network's input (augmented, mixed, its views, normalized,
+    in the parameters' dtype), the labels, and a mixed sample's partner (or None)."""
+    _, precision, members, _, _, slots, shared = graph._config  # pylint: disable=protected-access
     augmentation = extras.pop(0) if graph.augment is not None else None
     mixing = extras.pop(0) if graph.mixing is not None else None
     partner = None
@@ -77,16 +95,11 @@ def _forward(graph, F, x, y, extras=()):
             x = graph.mixing(F.reshape(x, shape=(-4, -1, 2, -2)), mixing)
             if member_axis:  # back to (n, K, ...), labels (n, K); the partners' stay (nK,), as the losses
                 x, y = F.reshape(x, shape=(-4, -1, members, -2)), F.reshape(y, shape=(-1, members))
+        if graph.tta is not None:
+            x = graph.tta.view_batch(F, x)
         if graph.transform is not None:
             x = graph.transform(x)
-        x = x.astype(precision.param_dtype)
-    out = graph.net(to_api(x, is_np))
-    with mx.util.np_array(False):
-        out = legacy(out)
-        if precision.dtype != "float32":  # losses and sums in float32 whatever the network computes in
-            out = F.cast(out, dtype="float32")
-        sums = _head_sums(F, head, out, y.astype("float32"), members, training, slots, partner)
-    return tuple(to_api(s, is_np) for s in sums) if training else to_api(sums, is_np)
+        return x.astype(precision.param_dtype), y, partner
 
 
 class StepGraph(gluon.HybridBlock):

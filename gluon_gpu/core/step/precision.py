@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from ..platform.environment import cpu_flags  # a module name here: tests play another CPU by replacing it
+from ..platform.environment import bfloat16_isa, cpu_flags  # a module name here: tests play another CPU by replacing it
 from ..platform.errors import UserError
 from ..platform.walk import descendants
 
@@ -76,20 +76,42 @@ def own_bfloat16(net):
     return next((b for b in descendants(net) if isinstance(b, OwnBfloat16)), None)
 
 
-def bfloat16_warning(path=BFLOAT16_MEASURED):
-    """The plan line's warning for bfloat16 training where it was measured slower than
-    float32 (MXNet 1.9.1's bfloat16 convolutions run slower than its float32 ones on the
-    CPU that docs/bfloat16.md profiles), with the ratio; '' where it was not."""
+def bfloat16_class(flags=None):
+    """This CPU's (or ``flags``') class as measured figures name it (environment.bfloat16_isa)."""
+    return bfloat16_isa(cpu_flags() if flags is None else flags)
+
+
+def bfloat16_measured(flags=None, path=None):
+    """What scripts/bfloat16_page.py measured on this CPU's class (``flags``: another
+    CPU's), ``{'class', 'cpu', 'date', 'version', 'model', 'page', 'amp', 'onednn'}`` (the
+    ratios of each bfloat16 path's samples/s to float32's; ``onednn`` may be absent), or
+    None where nothing was measured on that class. Figures never cross classes: a CPU
+    without AVX-512 BF16 runs bfloat16 another way altogether."""
+    kind = bfloat16_class(flags)
     try:
-        with open(path) as f:
+        with open(path or BFLOAT16_MEASURED) as f:
             measured = json.load(f)
-        ratio = float(measured["ratio"])
+        entry = dict(measured["classes"][kind])
+        float(entry["amp"])
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {**entry, "class": kind, "model": measured.get("model", "ResNet-20"),
+            "page": measured.get("page", "docs/bfloat16.md")}
+
+
+def measured_words(measured):
+    """'measured 2026-12-07 on AMD EPYC (AVX-512 BF16), docs/bfloat16.md'."""
+    return f"measured {measured['date']} on {measured['cpu']} ({measured['class']}), {measured['page']}"
+
+
+def bfloat16_warning(measured):
+    """The plan line's warning for bfloat16 through contrib.amp where it was measured
+    slower than float32 on this CPU class (``measured``: :func:`bfloat16_measured`), with
+    the ratio; '' where it was not."""
+    if not measured or float(measured["amp"]) >= 1:
         return ""
-    if ratio >= 1:
-        return ""
-    return (f"warning: slower than float32: {measured['model']} trained at {ratio:.2f}x float32's samples/s "
-            f"(measured {measured['date']} on {measured['cpu']}, {measured['page']})")
+    return (f"warning: slower than float32: {measured['model']} trained at {float(measured['amp']):.2f}x float32's "
+            f"samples/s through contrib.amp ({measured_words(measured)})")
 
 
 def precision_for(dtype="float32", amp=False, loss_scaling=None, own=None):

@@ -18,24 +18,28 @@ import time
 from ...core.loop.callbacks import save_figure, subplots
 from ...core.loop.fit import train_epoch, validate
 from ...core.platform.devices import parse_devices
+from ...core.platform.environment import cpu_flags
+from ...core.platform.errors import UserError
 from ...core.platform.files import write_json
+from ...core.step.precision import BF16_CPU_FLAGS
 from .. import tutorial_loop
 from ..config import RunConfig
 from ..recipes import apply_recipe
 from ..run import build_run
 from . import torch_resnet
-from .timing import figure, machine_info, text_table
+from .timing import figure, machine_info, machine_words, text_table
 from .torch_child import save_samples, torch_lines
 
 
-def bench_config(args):
-    """The run configuration both loops train: the recipe, on the first spec."""
+def bench_config(args, typed=frozenset()):
+    """The run configuration both loops train: the recipe, on the first spec, but for
+    the flags the user ``typed`` (``--epochs 4`` runs at most 4 epochs)."""
     config = RunConfig(devices=args.devices[0], model=args.model, batch_size=args.batch_size, epochs=args.epochs,
                        dataset=args.dataset, data_dir=args.data_dir, image_size=args.image_size,
-                       limit=args.limit, val_limit=args.val_limit, pipeline=args.pipeline[0],
+                       lr=args.lr, limit=args.limit, val_limit=args.val_limit, pipeline=args.pipeline[0],
                        loader_workers=args.loader_workers, fused_conv=args.fused_conv[0], recipe=args.recipe, quiet=True,
                        dtype=args.dtype[0], bfloat16_kernels=args.bfloat16_kernels)
-    return apply_recipe(config, given=set())
+    return apply_recipe(config, given=typed)
 
 
 def ours(config, data, target, bar):
@@ -69,24 +73,40 @@ def baseline(config, data, target, bar):
     return curve
 
 
+# A PyTorch user's standard ResNet-20 recipe (issue #52), as its own row: random 2-pixel
+# crops and flips, nesterov SGD, weight decay off BatchNorm and biases, one warm-up epoch,
+# then cosine per step, label smoothing, batch 128, 20 epochs.
+STANDARD = {"model": "cifar_resnet20_v1", "epochs": 20, "batch_size": 128, "optimizer": "nag", "lr": 0.1,
+            "momentum": 0.9, "wd": 5e-4, "no_wd": True, "lr_mode": "cosine", "warmup_epochs": 1,
+            "label_smoothing": 0.1, "augment": "flip,crop=2", "seed": 0}
+
+
 def pytorch(args, config, data, bar):
-    """PyTorch's rows: the same network and recipe in ``--torch-python``, float32 and
-    under bfloat16 autocast, each validating every epoch inside the timed span."""
+    """PyTorch's rows, each validating every epoch inside the timed span: the same
+    network and recipe in ``--torch-python``, in float32 and (on a CPU with bfloat16
+    instructions) under bfloat16 autocast; and :data:`STANDARD` at the CPU's best precision."""
+    precisions = ("float32", "bfloat16") if cpu_flags() & BF16_CPU_FLAGS else ("float32",)
     with tempfile.TemporaryDirectory() as scratch:
-        samples, settings = os.path.join(scratch, "samples.npz"), os.path.join(scratch, "config.json")
+        samples = os.path.join(scratch, "samples.npz")
         save_samples(samples, data.spec, train_x=data.train_x, train_y=data.train_y, val_x=data.val_x,
                      val_y=data.val_y)
-        write_json(settings, config.to_dict())
-        rows = []
-        for dtype in ("float32", "bfloat16"):
-            curve = []
-            for line in torch_lines(args.torch_python, torch_resnet.__file__, samples, settings, args.to_accuracy,
-                                    dtype):
-                epoch = json.loads(line)
-                curve.append((epoch["seconds"], epoch["val_acc"]))
-                bar.update(1)
-            rows.append(row(f"PyTorch {dtype}" + " autocast" * (dtype == "bfloat16"), curve, args.to_accuracy))
-    return rows
+        runs = [(f"PyTorch {dtype}" + " autocast" * (dtype == "bfloat16"), config.to_dict(), dtype)
+                for dtype in precisions]
+        runs.append((f"PyTorch standard recipe, {precisions[-1]}" + " autocast" * (precisions[-1] == "bfloat16"),
+                     {**config.to_dict(), **STANDARD, "tta": ""}, precisions[-1]))
+        return [row(name, torch_curve(args, samples, os.path.join(scratch, f"config{i}.json"), settings, dtype, bar),
+                    args.to_accuracy) for i, (name, settings, dtype) in enumerate(runs)]
+
+
+def torch_curve(args, samples, path, settings, dtype, bar):
+    """``[(seconds so far, val-acc)]`` of one PyTorch run (torch_resnet.py)."""
+    write_json(path, settings)
+    curve = []
+    for line in torch_lines(args.torch_python, torch_resnet.__file__, samples, path, args.to_accuracy, dtype):
+        epoch = json.loads(line)
+        curve.append((epoch["seconds"], epoch["val_acc"]))
+        bar.update(1)
+    return curve
 
 
 def row(name, curve, target):
@@ -95,8 +115,12 @@ def row(name, curve, target):
             "epochs": len(curve), "seconds": curve[-1][0], "val_acc": curve[-1][1], "curve": curve}
 
 
-def run_to_accuracy(args, data, bar):
-    config = bench_config(args)
+def run_to_accuracy(args, config, data, bar):
+    if args.baseline == "tutorial":  # what a loop cannot train is said before any trains
+        tutorial_loop.check_recipe(config, data.spec.input_shape[1:])
+    why = torch_resnet.refused(config.to_dict()) if args.torch_python else ""
+    if why:
+        raise UserError(f"`torch_python`: the PyTorch rows cannot train this: {why}")
     rows = [row(f"gluon_gpu {config.dtype}", ours(config, data, args.to_accuracy, bar), args.to_accuracy)]
     if args.torch_python:
         rows += pytorch(args, config, data, bar)
@@ -107,13 +131,14 @@ def run_to_accuracy(args, data, bar):
             other["ours_sooner"] = other["seconds_to_target"] / rows[0]["seconds_to_target"]
             if other["name"] == "baseline loop":
                 rows[0]["speedup"] = other["ours_sooner"]
-    columns = [("loop", 26, lambda r: r["name"]), ("epochs to ACC", 15, figure("epochs_to_target", "d")),
+    columns = [("loop", 40, lambda r: r["name"]), ("epochs to ACC", 15, figure("epochs_to_target", "d")),
                ("seconds to ACC", 16, figure("seconds_to_target", ".1f")), ("epochs run", 12, figure("epochs", "d")),
                ("last val-acc", 14, figure("val_acc", ".4f")), ("faster", 9, figure("speedup", ".2f", "x")),
                ("ours sooner", 13, figure("ours_sooner", ".2f", "x"))]
     print(text_table(columns, rows, f"time to val-acc {args.to_accuracy} on {config.devices}: {config.model}, "
                                     f"recipe {config.recipe or 'none'} (at most {config.epochs} epochs; "
-                                    "validation counted in the time)"))
+                                    "validation counted in the time)" + (f", tta {config.tta}" if config.tta else "")))
+    print(f"measured on {machine_words(machine_info())}")
     write_json(os.path.join(args.out, "accuracy.json"), {"config": config.to_dict(), "target": args.to_accuracy,
                                                          "machine": machine_info(), "results": rows})
     plot(rows, args.to_accuracy, os.path.join(args.out, "accuracy.png"))

@@ -216,7 +216,8 @@ def run_workers(args):
 @main_guard("gluon_gpu.bench")
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    flags = parser.parse(argv)
+    args = flags.values
     args.devices = args.devices or (["all"] if args.inference else default_specs())  # all: evaluate's default
     for spec in args.devices:  # every spec and precision checked before any work
         for dtype in args.dtype:
@@ -245,9 +246,11 @@ def main(argv=None):
     data = load_dataset(args.dataset, args.data_dir, args.image_size, limit=args.limit, val_limit=args.val_limit,
                         decoded=False)  # each run decodes it, or streams it, as its pipeline does
     if args.to_accuracy:
-        epochs = accuracy.bench_config(args).epochs * (1 + (args.baseline == "tutorial") + 2 * bool(args.torch_python))
+        config = accuracy.bench_config(args, flags.typed)
+        epochs = config.epochs * (1 + (args.baseline == "tutorial") + 2 * bool(args.torch_python)) + \
+            accuracy.STANDARD["epochs"] * bool(args.torch_python)
         with tqdm(total=epochs, desc="bench", unit="epoch", disable=not progress_enabled(args)) as bar:
-            return accuracy.run_to_accuracy(args, data.decoded(), bar)
+            return accuracy.run_to_accuracy(args, config, data.decoded(), bar)
     return run_scaling(args, data)
 
 

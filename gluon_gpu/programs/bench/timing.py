@@ -101,6 +101,12 @@ def machine_info():
             "gluon_gpu": __version__, "threads": thread_settings()}
 
 
+def machine_words(machine):
+    """'AMD EPYC (AVX-512 BF16), 2 cores, MXNet 1.9.1, gluon_gpu 0.9.2': what a table was measured on."""
+    return (f"{machine['cpu']} ({machine['cpu_isa']}), {machine['cores']} cores, MXNet {machine['mxnet']}, "
+            f"gluon_gpu {machine['gluon_gpu']}")
+
+
 def peak_rss_mib():
     self_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     child_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

@@ -21,7 +21,8 @@ import time
 import numpy as np
 
 DEPTHS = {"cifar_resnet20_v1": 3, "cifar_resnet56_v1": 9, "cifar_resnet110_v1": 18}
-DEFAULTS = {"optimizer": "sgd", "mixup": 0.0, "cutmix": 0.0, "accumulate": 1, "clip_grad": None, "sync_bn": False}
+DEFAULTS = {"optimizer": "sgd", "mixup": 0.0, "cutmix": 0.0, "accumulate": 1, "clip_grad": None, "sync_bn": False,
+            "ema": None}
 ERASE_AREA, ERASE_ASPECT = (0.02, 0.4), (0.3, 1 / 0.3)  # as gluon_gpu's augment.py
 
 
@@ -30,7 +31,7 @@ def refused(config):
     if config["model"] not in DEPTHS:
         return f"model {config['model']}: the PyTorch rows train {', '.join(DEPTHS)}"
     for name, default in DEFAULTS.items():
-        if config.get(name, default) != default and not (name == "optimizer" and config[name] == "nag"):
+        if (config.get(name) or default) != default and not (name == "optimizer" and config[name] == "nag"):
             return f"{name} {config[name]}: not in the PyTorch rows' recipe"
     if config.get("lr_mode", "constant") not in ("constant", "cosine", "step"):
         return f"lr_mode {config['lr_mode']}: not in the PyTorch rows' recipe"
@@ -125,7 +126,8 @@ class Trainer:
         self.std = torch.tensor(data["std"], dtype=torch.float32).reshape(1, -1, 1, 1)
         self.scale = float(data["scale"])
         self.train_x, self.train_y = data["train_x"], torch.from_numpy(data["train_y"].astype(np.int64))
-        self.val_x, self.val_y = self.normalized(data["val_x"]), data["val_y"].astype(np.int64)
+        self.val_x, self.val_y = data["val_x"], data["val_y"].astype(np.int64)
+        self.views = tta_views(config.get("tta") or "")
         self.net = build(torch, nn, DEPTHS[config["model"]], self.train_x.shape[1], int(data["classes"]))
         flat = [p for p in self.net.parameters() if config.get("no_wd") and p.ndim == 1]
         rest = [p for p in self.net.parameters() if not (config.get("no_wd") and p.ndim == 1)]
@@ -161,8 +163,27 @@ class Trainer:
         right = 0
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
             for i in range(0, len(self.val_x), 256):
-                right += int((self.net(self.val_x[i:i + 256]).argmax(1).numpy() == self.val_y[i:i + 256]).sum())
+                logp = [torch.log_softmax(self.net(self.normalized(v)).float(), 1) for v in self.views(self.val_x[i:i + 256])]
+                right += int((sum(logp).argmax(1).numpy() == self.val_y[i:i + 256]).sum())
         return right / len(self.val_x)
+
+
+def tta_views(text):
+    """``--tta`` as gluon_gpu's core/step/tta.py has it: ``x -> [views]`` of stored images:
+    the image, its mirror (flip), each moved P pixels down-right and up-left (shift=P),
+    zero-filled; the mean of their log-probabilities is the prediction."""
+    chosen = dict(item.partition("=")[::2] for item in filter(None, text.split(",")))
+    flip, shift = "flip" in chosen, int(chosen.get("shift") or 0)
+
+    def views(x):
+        out = [x, np.ascontiguousarray(x[..., ::-1])] if flip else [x]
+        if shift:
+            h, w = x.shape[2:]
+            padded = [np.pad(v, ((0, 0), (0, 0), (shift, shift), (shift, shift))) for v in out]
+            out += [np.ascontiguousarray(p[:, :, :h, :w]) for p in padded]
+            out += [np.ascontiguousarray(p[:, :, 2 * shift:, 2 * shift:]) for p in padded]
+        return out
+    return views
 
 
 def main(data_path, config_path, target, dtype):
