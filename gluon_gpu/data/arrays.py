@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..core.platform.errors import DataError
+from .checks import check_classes
 from ..core.platform.memory import check_fits
 from ..core.step.heads import TASKS
 from .spec import DataSpec, channel_stats, input_scale
@@ -80,6 +81,7 @@ def from_arrays(x_train, y_train, x_val, y_val, task=None, classes=None, mean=No
             raise DataError(f"task classify needs integer labels; these are {y_train.dtype} "
                             "(use `task` regress for real-valued targets)")
         classes = _classes(y_train, y_val, classes)
+        check_classes(classes, y_train, y_val, source)
         outputs = len(classes)
     else:
         classes, outputs = None, _regression_outputs(y_train, y_val)

@@ -19,7 +19,8 @@ def _scan(split_dir, classes=None):
     identify are skipped and counted. ``classes``: the training split's names."""
     if not os.path.isdir(split_dir):
         raise DataError(f"{split_dir} does not exist: an image folder needs train/<class>/ and val/<class>/")
-    names = sorted(d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d)))
+    names = sorted(d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d))
+                   and not d.startswith("."))  # hidden: .ipynb_checkpoints, .git, ... are no classes
     if not names:
         raise DataError(f"{split_dir} holds no class folders (expected {split_dir}/<class>/<image>)")
     if classes is not None:
@@ -32,7 +33,7 @@ def _scan(split_dir, classes=None):
         found = 0
         for entry in sorted(os.listdir(folder)):
             path = os.path.join(folder, entry)
-            if not os.path.isfile(path):
+            if not os.path.isfile(path) or entry.startswith("."):  # hidden: .DS_Store, ._img.png, ...
                 continue
             try:
                 with open_image(path) as im:

@@ -14,6 +14,7 @@ import numpy as np
 from mxnet import gluon
 
 from ..core.platform.errors import DataError
+from .checks import check_classes
 from ..core.platform.memory import check_fits
 from .arrays import Dataset
 from .images import decode
@@ -131,6 +132,7 @@ def from_sources(train, val, classes, dataset, source):
         if images.labels.max() >= len(classes):
             raise DataError(f"the {split} split of {source} holds label {images.labels.max()}, outside the "
                             f"{len(classes)} classes 0..{len(classes) - 1}")
+    check_classes(classes, train.labels, val.labels, source)
     mean, std = channel_stats(train.stats_sample(), input_scale("uint8"))
     spec = DataSpec(dataset=dataset, task="classify", input_shape=train.sample_shape, outputs=len(classes),
                     mean=mean, std=std, dtype="uint8", classes=[str(c) for c in classes], source=source,

@@ -5,6 +5,7 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 from ..platform.devices import check_cpu_only
+from .arguments import batch_arrays, check_devices, check_labels, check_network
 from .array_api import legacy, model_is_np, semantics, to_api
 from .buckets import DEFAULT_BUCKET_BYTES
 from .coordination import Workers
@@ -54,7 +55,9 @@ class Step:  # pylint: disable=too-many-instance-attributes
                  transform=None, hybridize=True, dtype="float32", initializer=None, batch_size=None,
                  bucket_bytes=DEFAULT_BUCKET_BYTES, exchange=True, accumulate=1, clip_grad=None, amp=False,
                  loss_scaling=None, augment=None, mixing=None, tta=None):
-        self.ctx, self.net, self.transform, self.hybridize = list(ctx), net, transform, hybridize
+        check_network(net)
+        self.ctx, self.net, self.transform, self.hybridize = check_devices(ctx), net, transform, hybridize
+        self._labels_checked = False
         self.batch_size, self.accumulate, self.clip_grad = batch_size, accumulate, clip_grad
         self.pending_batches, self._pending_samples = 0, 0
         self.precision = precision_for(dtype, amp, loss_scaling, own_bfloat16(net))
@@ -119,7 +122,17 @@ class Step:  # pylint: disable=too-many-instance-attributes
         raise NotImplementedError
 
     def split(self, data, label, training=True):
-        """Per-device shards of a batch; already-split lists pass through unchanged."""
+        """Per-device shards of a batch (MXNet or numpy arrays, checked: arguments.py);
+        already-split lists pass through unchanged. The first batch's class labels are
+        checked against the head's classes (one host read, once)."""
+        data, label = batch_arrays(data, label)
+        if not self._labels_checked and getattr(self.head, "classes", None):
+            check_labels(label, self.head.classes)
+            self._labels_checked = True
+        return self._split(data, label, training)
+
+    def _split(self, data, label, training):
+        """The strategy's shards of a checked batch."""
         raise NotImplementedError
 
     @property

@@ -32,7 +32,7 @@ class PlacedStep(Step):
     def _trainer_exchanges(self, exchange):
         return False
 
-    def split(self, data, label, training=True):
+    def _split(self, data, label, training):
         if isinstance(data, (list, tuple)):
             return list(data), list(label)
         return self.owner.split(data, label, training)

@@ -26,7 +26,7 @@ class ReplicatedStep(Step):
     def _trainer_exchanges(self, exchange):
         return exchange and not self.bucketing
 
-    def split(self, data, label, training=True):
+    def _split(self, data, label, training):
         if isinstance(data, (list, tuple)):
             return list(data), list(label)
         return split_batch(data, self.ctx), split_batch(label, self.ctx)
