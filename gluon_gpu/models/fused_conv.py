@@ -36,6 +36,7 @@ CXXFLAGS = ["-shared", "-fPIC", "-std=c++17", "-O3", "-march=native", "-fno-math
             "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
 
 _state = {"loaded": False, "error": None, "warned": False}
+WARNED_ENV = "GLUON_GPU_SAID_NO_FUSED_CONV"
 
 
 class FusedConvUnavailable(KernelUnavailable):
@@ -102,10 +103,11 @@ def use_fused(mode, ctx):
     except FusedConvUnavailable as e:
         if mode == "on":
             raise UserError(f"`fused_conv` on: {e}") from None
-        if not _state["warned"]:
+        if not _state["warned"] and not os.environ.get(WARNED_ENV):
             print(f"gluon_gpu: warning: fused conv operator unavailable ({e}); using the standard layers",
                   file=sys.stderr)
-            _state["warned"] = True
+            os.environ[WARNED_ENV] = "1"  # said once per program: a re-executed one (devices.py) inherits it
+        _state["warned"] = True
         return False
 
 

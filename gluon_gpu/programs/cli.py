@@ -242,6 +242,18 @@ def thread_count(text):
     return value
 
 
+def process_count(text):
+    """A count of processes this host starts (loader workers): 0 up to
+    environment.PROCESSES_PER_CORE a usable CPU; more only thrash the machine."""
+    from ..core.platform.environment import PROCESSES_PER_CORE, usable_cpus
+    value = non_negative_int(text)
+    most = PROCESSES_PER_CORE * usable_cpus()
+    if value > most:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {most} ({PROCESSES_PER_CORE} per usable CPU, "
+                                         f"{usable_cpus()} here), got {text!r}")
+    return value
+
+
 def _number(kind, text):
     try:
         return kind(text)

@@ -35,6 +35,7 @@ import time
 import uuid
 from typing import NamedTuple, Optional
 
+from ..core.platform.environment import PROCESSES_PER_CORE, slurm_problem, usable_cpus
 from ..core.platform.errors import UserError
 from ..core.platform.signals import STOP_SIGNALS
 from . import remote_role
@@ -116,15 +117,28 @@ def slurm_nodes(listed=None):
                         "run it from sbatch or salloc")
     found = scontrol("show", "hostnames", listed)
     if found.returncode != 0 or not found.stdout.split():
-        raise UserError(f"--slurm: scontrol cannot list the nodes of {listed}: {found.stderr.strip()}")
+        raise UserError(f"--slurm: scontrol cannot list the nodes of {listed}: {said(found)}")
     return found.stdout.split()
+
+
+SCONTROL_SECONDS = 60  # slurmctld answers in well under a second; past this it is not answering
 
 
 def scontrol(*argv):
     try:
-        return subprocess.run(["scontrol", *argv], capture_output=True, text=True)
+        return subprocess.run(["scontrol", *argv], capture_output=True, text=True, timeout=SCONTROL_SECONDS)
     except OSError as e:
         raise UserError(f"--slurm: cannot run scontrol ({e.strerror}): is Slurm's client installed here?") from None
+    except subprocess.TimeoutExpired:
+        raise UserError(f"--slurm: scontrol {' '.join(argv)} had no answer from slurmctld in {SCONTROL_SECONDS} s")\
+            from None
+
+
+def said(done):
+    """The one line of what a failed command said: its last line of stderr (scontrol's
+    errors span several), else its exit status."""
+    lines = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
+    return lines[-1] if lines else f"no error message, exit status {done.returncode}"
 
 
 def slurm_nodes_left():
@@ -133,7 +147,8 @@ def slurm_nodes_left():
     shown = scontrol("show", "job", "-o", os.environ["SLURM_JOB_ID"])
     held = re.search(r"\bNodeList=(\S+)", shown.stdout)
     if shown.returncode != 0 or not held:
-        raise UserError(f"--slurm: scontrol cannot show job {os.environ['SLURM_JOB_ID']}: {shown.stderr.strip()}")
+        raise UserError(f"--slurm: scontrol cannot show job {os.environ['SLURM_JOB_ID']}: "
+                        f"{said(shown) if shown.returncode else 'no NodeList in its answer'}")
     return slurm_nodes(held[1])
 
 
@@ -150,7 +165,7 @@ def slurm_node_address():
     except OSError:
         pass
     raise UserError(f"--slurm: cannot find the address of this node ({node}) with scontrol: "
-                    f"{shown.stderr.strip() or 'no NodeAddr it can resolve'}; pass --scheduler-host")
+                    f"{said(shown) if shown.returncode else 'no NodeAddr it can resolve'}; pass --scheduler-host")
 
 
 class Placement(NamedTuple):
@@ -360,6 +375,9 @@ def placement(args):
     gives the worker count when -n is not, and the GPUs each node's workers split."""
     if args.slurm is None:
         args.slurm = bool(os.environ.get("SLURM_JOB_ID")) and not args.hostfile
+    found = slurm_problem() if args.slurm else None
+    if found:
+        raise UserError(f"--slurm: {found}")
     if args.slurm and args.hostfile:
         raise UserError("--slurm and --hostfile both name the hosts: give one")
     hosts = read_hostfile(args.hostfile) if args.hostfile else slurm_nodes() if args.slurm else None
@@ -367,6 +385,7 @@ def placement(args):
         args.num_workers = int(os.environ.get("SLURM_NTASKS") or len(hosts))
     if args.num_workers is None:
         raise UserError("-n/--num-workers: how many workers (outside a Slurm allocation it has no default)")
+    check_process_counts(args, len(hosts or [None]))
     if not args.slurm:
         return Placement(hosts)
     args.scheduler_host = args.scheduler_host or slurm_node_address()
@@ -381,12 +400,22 @@ def placement(args):
     return placed
 
 
+def check_process_counts(args, hosts):
+    """Refuse more workers and servers than ``hosts`` hosts run well: PROCESSES_PER_CORE
+    a usable CPU of this one each (more only thrash them, and a typo of a million started
+    processes until something killed them)."""
+    most = PROCESSES_PER_CORE * usable_cpus() * hosts
+    if args.num_workers + args.num_servers + 1 > most:
+        raise UserError(f"-n {args.num_workers} workers and -s {args.num_servers} server(s) over {hosts} host(s): at "
+                        f"most {most} processes with the scheduler ({PROCESSES_PER_CORE} per CPU, {usable_cpus()} "
+                        "here)")
+
+
 def slurm_requeues():
     """How many times Slurm has requeued this batch job (SLURM_RESTART_COUNT: after a node
     failure, by default, or by ``scontrol requeue``): the job script runs again, and its
     workers continue the run as after a restart of the launcher's own."""
-    count = os.environ.get("SLURM_RESTART_COUNT", "")
-    return int(count) if count.isdigit() else 0
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)  # checked: environment.slurm_problem
 
 
 def node_gpus():

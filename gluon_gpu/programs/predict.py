@@ -41,7 +41,7 @@ def build_parser():
     add_inference_flags(p)
     p.add_argument("--idx", help="an IDX images file (.gz or not) to predict entries of")
     p.add_argument("--npz", help="an .npz file: predict rows of its x_val (else x) array")
-    p.add_argument("--index", default="0:10", help="with --idx/--npz: START:STOP or one index")
+    p.add_argument("--index", default=None, help="with --idx/--npz: START:STOP or one index (default 0:10)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("images", nargs="*", help="image files (PNG, JPEG, ...)")
     return p
@@ -90,6 +90,9 @@ def _inputs(args, spec):
     given = [bool(args.idx), bool(args.npz), bool(args.images)]
     if sum(given) > 1:
         raise UserError("give image files, --idx or --npz, not several")
+    if args.index is not None and not (args.idx or args.npz):
+        raise UserError("--index picks rows of --idx or --npz; image files are predicted as given: leave it out")
+    args.index = args.index or "0:10"
     if args.idx:
         images = read_idx(args.idx, 3)[:, None]
         rows = parse_index(args.index, len(images))

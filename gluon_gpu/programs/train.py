@@ -28,6 +28,7 @@ from .cli import Parser, as_flags, command, main_guard, progress_enabled
 from .config import RunConfig, add_flags
 from .launch import RESTART_ENV
 from .plan import plan_line
+from .config import check_flag_modes
 from .recipes import apply_recipe, recipe_table
 from .resume import Checkpointer, ResumePoint, restart_from, resume_config, resume_point
 from .run import build_run
@@ -66,7 +67,16 @@ def prepare_out_dir(path):
     if complete_checkpoints(path):  # a run stopped before its first checkpoint was complete may start afresh
         raise UserError(f"--out {path} already holds a run (checkpoints); choose another directory "
                         "or continue it with --resume")
+    foreign = sorted(set(os.listdir(path)) - RUN_FILES) if os.path.isdir(path) else []
+    if foreign:
+        raise UserError(f"--out {path} holds files that are not a run's ({', '.join(foreign[:3])}"
+                        f"{', ...' if len(foreign) > 3 else ''}): give a new or empty directory")
     return path
+
+
+# What a run that stopped before its first complete checkpoint may have left (it starts afresh there).
+RUN_FILES = frozenset(("checkpoints", "train.log", "metrics.csv", "curves.png", ".lock", "tb", "profile.json",
+                       "profile.txt"))
 
 
 def check_writable(path):
@@ -105,6 +115,7 @@ def main(argv=None, restart=None):
         print(recipe_table())
         return 0
     config, state = _run_config(args, flags.typed_values())
+    check_flag_modes(config, flags.typed)
     _thread_settings(args, config, restart=argv is None if restart is None else restart)
     with devices(config.devices) as ctx:
         out = config.out if args.resume else prepare_out_dir(config.out)

@@ -91,16 +91,95 @@ def whole_numbers():
 
 
 def problem(env=None):
-    """The first bad variable as a one-line message, or None."""
+    """The first bad variable as a one-line message, or None: MXNet's, a distributed
+    job's (DMLC_*, read by ps-lite: a bad one hung or aborted it), Slurm's and ours."""
     env = os.environ if env is None else env
-    for name, (low, high, why) in whole_numbers().items():
+    for name, (low, high, why) in {**whole_numbers(), **job_whole_numbers()}.items():
         value = env.get(name)
         if value is not None and not (value.strip().isdigit() and low <= int(value) <= high):  # no OpenMP list
             return f"{name}={value!r}: must be a whole number from {low} to {high}{why}"
     engine = env.get("MXNET_ENGINE_TYPE")
     if engine is not None and engine not in ENGINES:
         return f"MXNET_ENGINE_TYPE={engine!r}: must be one of {', '.join(ENGINES)}"
+    return job_problem(env)
+
+
+MAX_JOB_PROCESSES = 4096  # workers or servers of one job: far above any job of this project
+PROCESSES_PER_CORE = 8  # processes one host starts for a job or a loader, at most, per core
+DMLC_ROLES = ("worker", "server", "scheduler")
+RESOLVE_SECONDS = 10
+
+
+def job_whole_numbers():
+    """``{variable: (lowest, highest, why)}`` of the whole numbers of a job's environment."""
+    return {"DMLC_NUM_WORKER": (1, MAX_JOB_PROCESSES, ""), "DMLC_NUM_SERVER": (1, MAX_JOB_PROCESSES, ""),
+            "DMLC_PS_ROOT_PORT": (1, 65535, " (a TCP port)"), "GLUON_GPU_CONNECT_TIMEOUT": (1, 7 * 86400, " seconds"),
+            "GLUON_GPU_RESTART": (1, 10 ** 6, " (gluon-gpu-launch sets it for its workers' restarts)")}
+
+
+def slurm_problem(env=None):
+    """The first bad Slurm variable the launcher reads, as a line, or None. SLURM_NTASKS'
+    ceiling: PROCESSES_PER_CORE processes a CPU of the allocation."""
+    env = os.environ if env is None else env
+    nodes = env.get("SLURM_JOB_NUM_NODES", "1")
+    cpus = env.get("SLURM_CPUS_ON_NODE", "")
+    nodes = int(nodes) if nodes.isdigit() and int(nodes) > 0 else 1
+    cpus = int(cpus) if cpus.isdigit() and int(cpus) > 0 else usable_cpus()
+    ranges = {"SLURM_RESTART_COUNT": (0, 10 ** 6, ""), "SLURM_JOB_NUM_NODES": (1, MAX_JOB_PROCESSES, ""),
+              "SLURM_NTASKS": (1, nodes * cpus * PROCESSES_PER_CORE,
+                               f" ({PROCESSES_PER_CORE} a CPU of the allocation's {nodes} node(s) of {cpus})")}
+    for name, (low, high, why) in ranges.items():
+        value = env.get(name)
+        if value is not None and not (value.strip().isdigit() and low <= int(value) <= high):
+            return f"{name}={value!r}: must be a whole number from {low} to {high}{why}"
+    job = env.get("SLURM_JOB_ID")
+    if job is not None and not job.strip().isdigit():
+        return f"SLURM_JOB_ID={job!r}: must be Slurm's job number"
     return None
+
+
+def job_problem(env):
+    """A distributed job's variables that are not whole numbers, as a line, or None."""
+    role = env.get("DMLC_ROLE")
+    if role is not None and role not in DMLC_ROLES:
+        return f"DMLC_ROLE={role!r}: must be one of {', '.join(DMLC_ROLES)}"
+    if role is not None:
+        for name in ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER"):
+            if not env.get(name):
+                return f"DMLC_ROLE={role!r} but {name} is not set: a {role} needs the scheduler's address and the " \
+                       "job's size (gluon-gpu-launch sets them; docs/distributed.md)"
+        if not resolves(env["DMLC_PS_ROOT_URI"]):
+            return f"DMLC_PS_ROOT_URI={env['DMLC_PS_ROOT_URI']!r}: no address for this host name (the scheduler's)"
+    if env.get("GLUON_GPU_RESTART") and not env.get("GLUON_GPU_JOB"):
+        return (f"GLUON_GPU_RESTART={env['GLUON_GPU_RESTART']!r} is set outside a job of gluon-gpu-launch, "
+                "which sets it for its workers' restarts: unset it (to continue a run: --resume RUN)")
+    share = env.get("GLUON_GPU_GPU_SHARE")
+    if share is not None and not _share_ok(share):
+        return f"GLUON_GPU_GPU_SHARE={share!r}: must be J/W, worker J (from 0) of the W on its node"
+    return None
+
+
+def _share_ok(text):
+    parts = text.split("/")
+    return len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[0]) < int(parts[1])
+
+
+def resolves(host, seconds=RESOLVE_SECONDS):
+    """Whether ``host`` has an address, asked with a deadline (a resolver that does not
+    answer counts as no)."""
+    import socket
+    import threading
+    found = []
+
+    def look():
+        try:
+            found.append(bool(socket.getaddrinfo(host, None)))
+        except (OSError, UnicodeError):
+            found.append(False)
+    thread = threading.Thread(target=look, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return bool(found and found[0])
 
 
 def check():

@@ -12,7 +12,7 @@ from .coordination import Workers
 from .gradients import Gradients
 from .graph import make_step_graph
 from .heads import as_heads
-from .kvstores import check_exchange, default_kvstore
+from .kvstores import check_exchange, create_store, default_kvstore
 from .members import member_count, trainer_for
 from .metrics import DeviceSums, report
 from .params import place
@@ -72,7 +72,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
         kvstore = store.type if store else (kvstore or default_kvstore(self.ctx))
         check_exchange(self.ctx, kvstore, self.owner is not None, clip_grad, exchange)
         self.distributed = kvstore.startswith("dist")
-        self._workers = Workers((store or mx.kv.create(kvstore)) if self.distributed else None)
+        self._workers = Workers((store or create_store(kvstore)) if self.distributed else None)
         self.rank, self.num_workers = self._workers.rank, self._workers.count
         self.bucketing = exchange and not self.distributed and self._can_bucket(bucket_bytes)
         params = self.precision.optimizer_params(optimizer_params)

@@ -1,6 +1,8 @@
 """Which kvstore aggregates the gradients, and the options that only some devices or
 launches can run: checked up front, one clear line each."""
 import os
+import sys
+import threading
 
 import mxnet as mx
 
@@ -29,6 +31,35 @@ def check_options(ctx, kvstore=None):
         if "DMLC_ROLE" not in os.environ:
             raise UserError(f"kvstore {kvstore} needs the DMLC_* environment of a distributed "
                             "job: start it with python -m gluon_gpu.launch")
+
+
+CONNECT_SECONDS = 600  # GLUON_GPU_CONNECT_TIMEOUT's default: pods of a job may take minutes to be scheduled
+
+
+def create_store(kind):
+    """``mx.kv.create(kind)``; for a distributed kind, with a deadline: ps-lite waits in C++,
+    with no word, until the scheduler admits every role of the job. Past
+    GLUON_GPU_CONNECT_TIMEOUT seconds (default CONNECT_SECONDS) one line names the
+    scheduler's address and the process ends with status 1."""
+    if not kind.startswith("dist"):
+        return mx.kv.create(kind)
+    seconds = int(os.environ.get("GLUON_GPU_CONNECT_TIMEOUT") or CONNECT_SECONDS)  # checked: environment.py
+    role, uri, port = (os.environ.get(k, "?") for k in ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT"))
+
+    def give_up():
+        print(f"gluon_gpu: error: this {role} waited {seconds} s for the scheduler at {uri}:{port} "
+              f"(DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT) to start the job of {os.environ.get('DMLC_NUM_WORKER', '?')} "
+              f"worker(s) and {os.environ.get('DMLC_NUM_SERVER', '?')} server(s); it did not: is every role "
+              "running and is the scheduler reachable? (GLUON_GPU_CONNECT_TIMEOUT sets the wait)",
+              file=sys.stderr, flush=True)
+        os._exit(1)  # the main thread waits inside ps-lite, deaf to exceptions
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        return mx.kv.create(kind)
+    finally:
+        timer.cancel()
 
 
 def check_exchange(ctx, kvstore, placed=False, clip_grad=None, exchange=True):

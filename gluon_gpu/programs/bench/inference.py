@@ -65,7 +65,8 @@ def run_inference(args):
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             lines = (done.stderr.strip() or "failed").splitlines()
-            raise UserError(f"`inference` {' '.join(group)}: {lines[-1]}") if done.returncode == 2 else \
+            raise UserError(f"`inference` {' '.join(group)}: {lines[-1].split(': error: ', 1)[-1]}") \
+                if done.returncode == 2 else \
                 RuntimeError(f"bench --inference {','.join(group)} failed:\n" + "\n".join(lines[-20:]))
         with open(os.path.join(out, "rows.json")) as f:
             rows += [{**row, "omp_threads": omp or thread_settings()["omp_threads"]} for row in json.load(f)]

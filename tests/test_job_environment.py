@@ -1,0 +1,82 @@
+"""The environment a program reads is checked before use (issue #53): a distributed
+job's DMLC_* (ps-lite hung without a word, or aborted in C++, on bad ones), Slurm's as
+the launcher reads them, gluon_gpu's own; and a worker whose scheduler never comes
+gives up after GLUON_GPU_CONNECT_TIMEOUT seconds with one line naming the address."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from gluon_gpu.core.platform import environment
+
+from test_checkpoints import REPO
+
+JOB = {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9091", "DMLC_NUM_WORKER": "1",
+       "DMLC_NUM_SERVER": "1"}
+TRAIN = [sys.executable, "-m", "gluon_gpu.train", "--devices", "cpu", "--kvstore", "dist_sync", "--epochs", "1",
+         "--limit", "256", "--val-limit", "64", "--quiet"]
+
+
+def clean_env(**changes):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "SLURM_", "GLUON_GPU_"))}
+    env.update({k: v for k, v in changes.items() if v is not None})
+    for k in [k for k, v in changes.items() if v is None]:
+        env.pop(k, None)
+    return env
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"DMLC_ROLE": "bogus"}, "DMLC_ROLE='bogus': must be one of worker, server, scheduler"),
+    ({"DMLC_NUM_WORKER": "0"}, "DMLC_NUM_WORKER='0': must be a whole number from 1 to 4096"),
+    ({"DMLC_NUM_WORKER": "-1"}, "DMLC_NUM_WORKER='-1': must be a whole number"),
+    ({"DMLC_NUM_WORKER": "abc"}, "DMLC_NUM_WORKER='abc': must be a whole number"),
+    ({"DMLC_NUM_SERVER": "99999"}, "DMLC_NUM_SERVER='99999': must be a whole number from 1 to 4096"),
+    ({"DMLC_PS_ROOT_PORT": "70000"}, "DMLC_PS_ROOT_PORT='70000': must be a whole number from 1 to 65535"),
+    ({"DMLC_PS_ROOT_URI": None}, "DMLC_ROLE='worker' but DMLC_PS_ROOT_URI is not set"),
+    ({"DMLC_PS_ROOT_URI": "no-such-host.invalid"}, "DMLC_PS_ROOT_URI='no-such-host.invalid': no address"),
+    ({"GLUON_GPU_CONNECT_TIMEOUT": "0"}, "GLUON_GPU_CONNECT_TIMEOUT='0': must be a whole number from 1"),
+])
+def test_a_bad_job_variable_is_one_line_before_mxnet_starts(changes, message):
+    done = subprocess.run(TRAIN + ["--out", "/nonexistent/never"], cwd=REPO, env=clean_env(**{**JOB, **changes}),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == f"gluon_gpu: error: {message}" + \
+        done.stderr.strip().split(message, 1)[1], done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+def test_a_restart_number_outside_a_launched_job_is_refused_not_a_silent_resume(tmp_path):
+    for value, message in (("abc", "GLUON_GPU_RESTART='abc': must be a whole number"),
+                           ("1", "GLUON_GPU_RESTART='1' is set outside a job of gluon-gpu-launch")):
+        done = subprocess.run(TRAIN[:3] + ["--devices", "cpu", "--out", str(tmp_path)], cwd=REPO,
+                              env=clean_env(GLUON_GPU_RESTART=value), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_worker_whose_scheduler_never_comes_gives_up_in_one_line(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = clean_env(**{**JOB, "DMLC_PS_ROOT_PORT": str(port), "GLUON_GPU_CONNECT_TIMEOUT": "3"})
+    done = subprocess.run(TRAIN + ["--out", str(tmp_path / "run")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert (f"gluon_gpu: error: this worker waited 3 s for the scheduler at 127.0.0.1:{port} (DMLC_PS_ROOT_URI, "
+            "DMLC_PS_ROOT_PORT) to start the job of 1 worker(s) and 1 server(s)") in done.stderr
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"SLURM_NTASKS": "0"}, "SLURM_NTASKS='0': must be a whole number from 1 to"),
+    ({"SLURM_NTASKS": "-3"}, "SLURM_NTASKS='-3'"),
+    ({"SLURM_NTASKS": "abc"}, "SLURM_NTASKS='abc'"),
+    ({"SLURM_NTASKS": "1000000"}, "SLURM_NTASKS='1000000': must be a whole number from 1 to 32 (8 a CPU of the "
+                                  "allocation's 1 node(s) of 4)"),
+    ({"SLURM_RESTART_COUNT": "abc"}, "SLURM_RESTART_COUNT='abc'"),
+    ({"SLURM_JOB_ID": "12x"}, "SLURM_JOB_ID='12x': must be Slurm's job number")])
+def test_slurm_variables_the_launcher_reads_are_checked(changes, message):
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_ON_NODE": "4", "SLURM_NTASKS": "2",
+           **changes}
+    assert message in environment.slurm_problem(env)
+    assert environment.slurm_problem({k: v for k, v in env.items() if k not in changes} | {
+        "SLURM_NTASKS": "2"}) is None
