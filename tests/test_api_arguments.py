@@ -1,13 +1,19 @@
 """The public Python API checks its arguments (issue #53): DataParallel, its step and
-evaluate, and Batch say in one TypeError or ValueError what was wrong and what they
-take, instead of MXNet's error from inside a step or a run that learns nothing."""
+evaluate say in one TypeError or ValueError what was wrong and what they take, instead
+of MXNet's error from inside a step or a run that learns nothing."""
+import subprocess
+import sys
+
 import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import gluon, nd
 
 from gluon_gpu import DataParallel
-from gluon_gpu.core.step.heads import Classification, Head
+from gluon_gpu.core.step.heads import Classification
+
+from failure_table import table_exit
+from test_checkpoints import REPO
 
 CPU2 = [mx.cpu(0), mx.cpu(1)]
 
@@ -57,6 +63,14 @@ def test_a_bad_batch_is_one_error_before_any_step(data, label, error, message):
     with pytest.raises(error, match=message):
         dp.step(data, label)
     assert np.array_equal(net[0].weight.data(mx.cpu(0)).asnumpy(), before)  # nothing trained
+
+
+def test_a_script_that_misuses_the_api_ends_in_one_error_line():
+    script = "import mxnet as mx\nfrom mxnet import gluon\nfrom gluon_gpu import DataParallel\n" \
+             "DataParallel(gluon.nn.Dense(3, in_units=4), [mx.cpu(0), mx.cpu(0)])\n"
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert table_exit("the Python API given what it cannot take", done.returncode)
+    assert done.stderr.strip().splitlines()[-1].startswith("ValueError: ctx: cpu(0) given twice")
 
 
 def test_shards_come_as_two_lists_of_one_length():

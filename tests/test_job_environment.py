@@ -11,6 +11,7 @@ import pytest
 
 from gluon_gpu.core.platform import environment
 
+from failure_table import table_exit
 from test_checkpoints import REPO
 
 JOB = {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9091", "DMLC_NUM_WORKER": "1",
@@ -35,23 +36,32 @@ def clean_env(**changes):
     ({"DMLC_NUM_SERVER": "99999"}, "DMLC_NUM_SERVER='99999': must be a whole number from 1 to 4096"),
     ({"DMLC_PS_ROOT_PORT": "70000"}, "DMLC_PS_ROOT_PORT='70000': must be a whole number from 1 to 65535"),
     ({"DMLC_PS_ROOT_URI": None}, "DMLC_ROLE='worker' but DMLC_PS_ROOT_URI is not set"),
-    ({"DMLC_PS_ROOT_URI": "no-such-host.invalid"}, "DMLC_PS_ROOT_URI='no-such-host.invalid': no address"),
     ({"GLUON_GPU_CONNECT_TIMEOUT": "0"}, "GLUON_GPU_CONNECT_TIMEOUT='0': must be a whole number from 1"),
 ])
 def test_a_bad_job_variable_is_one_line_before_mxnet_starts(changes, message):
     done = subprocess.run(TRAIN + ["--out", "/nonexistent/never"], cwd=REPO, env=clean_env(**{**JOB, **changes}),
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.strip() == f"gluon_gpu: error: {message}" + \
+    assert table_exit("a bad variable of a distributed job", done.returncode)
+    assert done.stderr.strip() == f"gluon_gpu: error: {message}" + \
         done.stderr.strip().split(message, 1)[1], done.stderr
     assert done.stderr.count("\n") == 1
 
 
 def test_a_restart_number_outside_a_launched_job_is_refused_not_a_silent_resume(tmp_path):
     for value, message in (("abc", "GLUON_GPU_RESTART='abc': must be a whole number"),
-                           ("1", "GLUON_GPU_RESTART='1' is set outside a job of gluon-gpu-launch")):
+                           ("1", "GLUON_GPU_RESTART='1' is set outside a distributed job")):
         done = subprocess.run(TRAIN[:3] + ["--devices", "cpu", "--out", str(tmp_path)], cwd=REPO,
                               env=clean_env(GLUON_GPU_RESTART=value), capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_worker_whose_scheduler_has_no_address_gives_up_in_one_line(tmp_path):
+    env = clean_env(**{**JOB, "DMLC_PS_ROOT_URI": "no-such-host.invalid", "GLUON_GPU_CONNECT_TIMEOUT": "3"})
+    done = subprocess.run(TRAIN + ["--out", str(tmp_path / "run")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert table_exit("a worker whose scheduler never admits it", done.returncode)
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "waited 3 s for the scheduler at no-such-host.invalid:9091, a name with no address" in done.stderr
 
 
 def test_a_worker_whose_scheduler_never_comes_gives_up_in_one_line(tmp_path):
@@ -78,5 +88,20 @@ def test_slurm_variables_the_launcher_reads_are_checked(changes, message):
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_ON_NODE": "4", "SLURM_NTASKS": "2",
            **changes}
     assert message in environment.slurm_problem(env)
+    launched = subprocess.run([sys.executable, "-m", "gluon_gpu.launch", "--", "true"], cwd=REPO, timeout=120,
+                              env=clean_env(**env, SLURM_JOB_NODELIST="node0"), capture_output=True, text=True)
+    assert table_exit("a Slurm variable the launcher reads", launched.returncode)
+    assert launched.stderr.strip() == f"gluon_gpu.launch: error: --slurm: {environment.slurm_problem(env)}"
     assert environment.slurm_problem({k: v for k, v in env.items() if k not in changes} | {
         "SLURM_NTASKS": "2"}) is None
+
+
+@pytest.mark.parametrize("command,message", [
+    (["gluon_gpu.train", "--loader-workers", "1000000"], "--loader-workers/--num-workers: must be from 0 to"),
+    (["gluon_gpu.launch", "-n", "100000", "--", "true"], "-n 100000 workers and -s 1 server(s) over 1 host(s): at "
+                                                       "most")])
+def test_a_count_past_the_machine_is_refused_before_any_process_starts(command, message):
+    done = subprocess.run([sys.executable, "-m", *command], cwd=REPO, env=clean_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert table_exit("a count past what the machine runs", done.returncode)
+    assert message in done.stderr and done.stderr.count("\n") == 1, done.stderr

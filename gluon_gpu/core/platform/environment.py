@@ -92,7 +92,10 @@ def whole_numbers():
 
 def problem(env=None):
     """The first bad variable as a one-line message, or None: MXNet's, a distributed
-    job's (DMLC_*, read by ps-lite: a bad one hung or aborted it), Slurm's and ours."""
+    job's (DMLC_*, read by ps-lite: a bad one hung or aborted it), Slurm's and ours.
+    DMLC_PS_ROOT_URI is not resolved here: on Kubernetes the scheduler's name has an
+    address only once its pod runs, which may be after a worker's; the worker's wait for
+    it has a deadline instead (kvstores.create_store)."""
     env = os.environ if env is None else env
     for name, (low, high, why) in {**whole_numbers(), **job_whole_numbers()}.items():
         value = env.get(name)
@@ -114,7 +117,7 @@ def job_whole_numbers():
     """``{variable: (lowest, highest, why)}`` of the whole numbers of a job's environment."""
     return {"DMLC_NUM_WORKER": (1, MAX_JOB_PROCESSES, ""), "DMLC_NUM_SERVER": (1, MAX_JOB_PROCESSES, ""),
             "DMLC_PS_ROOT_PORT": (1, 65535, " (a TCP port)"), "GLUON_GPU_CONNECT_TIMEOUT": (1, 7 * 86400, " seconds"),
-            "GLUON_GPU_RESTART": (1, 10 ** 6, " (gluon-gpu-launch sets it for its workers' restarts)")}
+            "GLUON_GPU_RESTART": (1, 10 ** 6, " (the restart's number, as gluon-gpu-launch sets it)")}
 
 
 def slurm_problem(env=None):
@@ -148,11 +151,10 @@ def job_problem(env):
             if not env.get(name):
                 return f"DMLC_ROLE={role!r} but {name} is not set: a {role} needs the scheduler's address and the " \
                        "job's size (gluon-gpu-launch sets them; docs/distributed.md)"
-        if not resolves(env["DMLC_PS_ROOT_URI"]):
-            return f"DMLC_PS_ROOT_URI={env['DMLC_PS_ROOT_URI']!r}: no address for this host name (the scheduler's)"
-    if env.get("GLUON_GPU_RESTART") and not env.get("GLUON_GPU_JOB"):
-        return (f"GLUON_GPU_RESTART={env['GLUON_GPU_RESTART']!r} is set outside a job of gluon-gpu-launch, "
-                "which sets it for its workers' restarts: unset it (to continue a run: --resume RUN)")
+    if env.get("GLUON_GPU_RESTART") and not (env.get("GLUON_GPU_JOB") or role):
+        return (f"GLUON_GPU_RESTART={env['GLUON_GPU_RESTART']!r} is set outside a distributed job (gluon-gpu-launch "
+                "sets it for its workers' restarts, a job's pod spec for its workers): unset it (to continue a "
+                "run: --resume RUN)")
     share = env.get("GLUON_GPU_GPU_SHARE")
     if share is not None and not _share_ok(share):
         return f"GLUON_GPU_GPU_SHARE={share!r}: must be J/W, worker J (from 0) of the W on its node"

@@ -6,6 +6,7 @@ import threading
 
 import mxnet as mx
 
+from ..platform.environment import resolves
 from ..platform.errors import UserError
 
 KVSTORES = ("device", "local", "nccl", "dist_sync", "dist_device_sync", "dist_async")
@@ -47,7 +48,8 @@ def create_store(kind):
     role, uri, port = (os.environ.get(k, "?") for k in ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT"))
 
     def give_up():
-        print(f"gluon_gpu: error: this {role} waited {seconds} s for the scheduler at {uri}:{port} "
+        unknown = "" if resolves(uri) else ", a name with no address"
+        print(f"gluon_gpu: error: this {role} waited {seconds} s for the scheduler at {uri}:{port}{unknown} "
               f"(DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT) to start the job of {os.environ.get('DMLC_NUM_WORKER', '?')} "
               f"worker(s) and {os.environ.get('DMLC_NUM_SERVER', '?')} server(s); it did not: is every role "
               "running and is the scheduler reachable? (GLUON_GPU_CONNECT_TIMEOUT sets the wait)",
