@@ -221,8 +221,14 @@ def ssh_command(host, env, cmd, cwd, python, ssh_config=None):
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     wrapped = [python, "-c", remote_role.SOURCE] + list(cmd)
     remote = f"cd {shlex.quote(cwd)} && exec env {exports} {' '.join(shlex.quote(c) for c in wrapped)}"
-    return ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes"] + \
+    return ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", *SSH_DEADLINES] + \
         (["-F", ssh_config] if ssh_config else []) + (["-p", port] if port else []) + [target, remote]
+
+
+# A host that does not answer within 30 s, or stops answering for a minute (a dead
+# machine keeps no TCP connection alive), ends its ssh with status 255: the launcher then
+# stops the job in one line, as for any role that died.
+SSH_DEADLINES = ("-o", "ConnectTimeout=30", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4")
 
 
 def srun_command(node, env, cmd, cwd, python, _ssh_config=None):
