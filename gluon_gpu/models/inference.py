@@ -30,8 +30,9 @@ MODES = {"auto": "fused on CPU contexts (graph for LeNet, whose fused conv opera
          "graph": "the training graph, over every device",
          "fused": "oneDNN's fused operators (conv+BN+ReLU), CPU",
          "int8": "oneDNN INT8, calibrated on training samples, CPU",
-         "bfloat16": "bfloat16 on CPUs with AVX-512 BF16: a CIFAR ResNet v1's features on oneDNN 3 where the CPU "
-                     "has AMX, else the fused graph through contrib.amp"}
+         "bfloat16": "bfloat16 on CPUs with AVX-512 BF16: a CIFAR ResNet v1's features on oneDNN 3 where that "
+                     "measured faster on the CPU's class (train's --bfloat16-kernels auto), else the fused graph "
+                     "through contrib.amp"}
 ONEDNN = ("fused", "int8", "bfloat16")
 
 

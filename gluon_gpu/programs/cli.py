@@ -5,6 +5,7 @@ import functools
 import os
 import re
 import shlex
+import shutil
 import sys
 from typing import NamedTuple
 
@@ -59,6 +60,10 @@ class Parser(argparse.ArgumentParser):
         if brief:
             self.add_argument("--help-all", action=_HelpAll, help="show every flag, not only the ones most runs use")
 
+    def brief_flags(self, *dests):
+        """Show these flags (destinations) in the short --help too."""
+        self.brief.update(dict.fromkeys(dests))
+
     def group(self, title):
         """The argument group ``title`` (made on first use): --help lists its flags together."""
         if title not in self._groups:
@@ -76,11 +81,12 @@ class Parser(argparse.ArgumentParser):
         for action in flags:
             action.help = (self.brief[action.dest] or action.help) if action.dest in self.brief else argparse.SUPPRESS
         self._action_groups = [g for g in groups if any(a.help != argparse.SUPPRESS for a in g._group_actions)]
-        self.usage = "%(prog)s [FLAG ...]"
+        self.usage, description = "%(prog)s [FLAG ...]", self.description
+        self.description = (description or "").split("\n\n")[0]  # its first paragraph; --help-all: the whole
         try:
             shown = super().format_help()
         finally:
-            self._action_groups, self.usage = groups, usage
+            self._action_groups, self.usage, self.description = groups, usage, description
             for action, text in saved:
                 action.help = text
         return shown.rstrip("\n") + f"\n\nThese are the flags most runs use; --help-all lists all {len(flags)}.\n"
@@ -277,9 +283,18 @@ def parse_args(p, argv=None, adjust=None):
 
 def command(program, *args):
     """The shell command that runs gluon_gpu ``program`` with ``args`` in this very
-    environment: this interpreter, by its path (the ``python`` on a user's PATH may be one
+    environment. Started as a console script (``gluon-gpu-pack``): its sibling
+    (``gluon-gpu-train``), by name where the PATH finds that very file, else by its path;
+    otherwise this interpreter by its path (the ``python`` on a user's PATH may be one
     without gluon_gpu or MXNet, outside the virtualenv)."""
-    return " ".join(shlex.quote(str(a)) for a in (sys.executable, "-m", f"gluon_gpu.{program}") + args)
+    started = sys.argv[0] if sys.argv else ""
+    if os.path.basename(started).startswith("gluon-gpu-"):
+        script = os.path.join(os.path.dirname(os.path.abspath(started)), f"gluon-gpu-{program}")
+        found = shutil.which(f"gluon-gpu-{program}")
+        head = (f"gluon-gpu-{program}",) if found and os.path.realpath(found) == os.path.realpath(script) else (script,)
+    else:
+        head = (sys.executable, "-m", f"gluon_gpu.{program}")
+    return " ".join(shlex.quote(str(a)) for a in head + args)
 
 
 def check_batch(batch_size, ctx):

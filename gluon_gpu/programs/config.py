@@ -73,11 +73,13 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                     "cache, Debian's dataset-fashion-mnist), the image folder, the RecordIO "
                                     "folder, or the .npz", True,
                                     brief="where the data is (FashionMNIST: found if not given)")
-    image_size: Optional[str] = _flag(None, "--dataset folder, rec: resize images to H or H,W", metavar="H[,W]")
+    image_size: Optional[str] = _flag(None, "--dataset folder, rec: resize images to H or H,W", metavar="H[,W]",
+                                      brief=True)
     task: Optional[str] = _flag(None, "classify or regress (default: from the labels: integers classify)",
                                 choices=TASKS)
     limit: Optional[int] = _flag(None, "use only the first N training samples", type=positive_int, brief=True)
-    val_limit: Optional[int] = _flag(None, "validate on only the first N validation samples", type=positive_int)
+    val_limit: Optional[int] = _flag(None, "validate on only the first N validation samples", type=positive_int,
+                                     brief=True)
     pipeline: str = _flag("auto", "device: data on the devices, batches by index; loader: Gluon DataLoader "
                           "over one host copy, or over the files of a folder or RecordIO dataset, read per batch "
                           "(streamed); auto: device when a copy per device fits in the memory this process may "
@@ -128,7 +130,8 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                  type=below_one, metavar="DECAY")
     tta: str = _flag("", "test-time augmentation of validation: judge the mean log-probabilities of each image's "
                      "views: flip (and its mirror), shift=P (and each moved P pixels down-right and up-left), "
-                     "e.g. flip,shift=1; none", True, type=tta_text, metavar="LIST")
+                     "e.g. flip,shift=1; none", True, type=tta_text, metavar="LIST",
+                     brief="test-time augmentation of validation: flip, flip,shift=1")
     mixup_off_epochs: int = _flag(0, "the last N epochs without --mixup or --cutmix (GluonCV's --mixup-off-epoch)",
                                   type=non_negative_int, metavar="N")
     recipe: Optional[str] = _flag(None, "a named bundle of training flags (--recipe list shows them with "

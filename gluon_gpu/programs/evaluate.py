@@ -24,10 +24,11 @@ COUNTS = ("samples", "predicted_classes")  # in the figures, beside the metrics
 
 
 def build_parser():
-    p = Parser("evaluate", description=__doc__)
+    p = Parser("evaluate", description=__doc__, brief=True)
     add_flags(p, COMMON_FLAGS + ("pipeline", "tta"))
     add_saved_model_flags(p)
     add_inference_flags(p)
+    p.brief_flags("params", "model", "member", "inference", "pipeline")
     return p
 
 

@@ -34,7 +34,7 @@ from .evaluate import (add_inference_flags, add_saved_model_flags, graph_mode, o
 
 
 def build_parser():
-    p = Parser("predict", description=__doc__)
+    p = Parser("predict", description=__doc__, brief=True)
     add_flags(p, ("devices", "fused_conv", "omp_threads", "engine_threads", "data_dir", "tta"),
               defaults={"devices": None})
     add_saved_model_flags(p)
@@ -44,6 +44,7 @@ def build_parser():
     p.add_argument("--index", default=None, help="with --idx/--npz: START:STOP or one index (default 0:10)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("images", nargs="*", help="image files (PNG, JPEG, ...)")
+    p.brief_flags("params", "model", "member", "inference", "idx", "npz", "index", "json")
     return p
 
 

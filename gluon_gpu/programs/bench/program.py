@@ -43,7 +43,7 @@ from .timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_t
 
 
 def build_parser():
-    p = Parser("bench", description=__doc__)
+    p = Parser("bench", description=__doc__, brief=True)
     add_flags(p, COMMON_FLAGS + ("model", "lr", "bucket_mb", "dataset", "image_size", "pipeline", "loader_workers",
                                  "limit", "val_limit", "dtype", "amp", "bfloat16_kernels", "ensemble_layout", "augment", "sweep",
                                  "sweep_random"),
@@ -73,6 +73,8 @@ def build_parser():
                    help="an interpreter with PyTorch, for the PyTorch eager rows: --inference (LeNet runs), "
                         "--to-accuracy (CIFAR ResNets v1, float32 and bfloat16 autocast)")
     p.add_argument("--out", default="bench-out", help="directory for bench.json and scaling.png")
+    p.brief_flags("epochs", "repeats", "baseline", "ensemble", "workers", "to_accuracy", "recipe", "inference",
+                  "torch_python", "val_limit", "image_size", "fused_conv")
     return p
 
 
