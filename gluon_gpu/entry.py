@@ -26,6 +26,9 @@ def program(name, path=None):
         except signals.Stopped as e:
             print(f"gluon_gpu.{name}: stopped by {e}", file=sys.stderr)
             return 128 + e.signum
-        return module.main(argv)
+        try:
+            return module.main(argv)
+        finally:
+            signals.ignore_at_exit()
     main.__name__ = main.__qualname__ = f"{name}_main"
     return main

@@ -5,6 +5,7 @@ it into one line and the shell's 128 + N); training installs its own handlers, w
 checkpoint after the step in progress (programs/train.py). Imports no MXNet."""
 import os
 import signal
+import sys
 
 # What a training loop stops on, in precedence when workers got different ones.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -17,6 +18,24 @@ class Stopped(BaseException):
     def __init__(self, signum):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+def ignore_at_exit():
+    """Once a program's main is done (its line said, its checkpoint written), a stop
+    signal has nothing left to stop: a second SIGTERM (Slurm's scancel signals every
+    process of a step, and again) landing in the interpreter's teardown printed a
+    traceback from inside an MXNet array's ``__del__``. Ignore them from here on, and
+    leave unsaid what MXNet's arrays raise as they are freed during finalization."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        where = getattr(unraisable.object, "__module__", "") or ""
+        if sys.is_finalizing() or (where.startswith("mxnet") and isinstance(unraisable.exc_value, Stopped)):
+            return
+        previous(unraisable)
+    sys.unraisablehook = hook
 
 
 def raise_on_stop_signals():
