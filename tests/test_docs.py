@@ -201,3 +201,34 @@ def test_the_kubernetes_manifests_carry_the_contract_the_tests_run():
     assert all(c == commands[0] for c in commands) and commands[0][0] == "gluon-gpu-train"
     args = train.build_parser().parse_args(commands[0][1:])
     assert args.kvstore == "dist_sync" and args.out.startswith("/runs/")
+
+
+def test_the_dockerfile_builds_the_image_the_manifests_name(tmp_path):
+    """No Docker here: what can be checked is checked. The Dockerfile copies files that
+    exist, installs requirements.txt and a Python it allows, and the files it copies are
+    enough to build gluon_gpu's wheel; the build command's tag is the manifests' image,
+    at this version."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from gluon_gpu import __version__
+    dockerfile = open(os.path.join(REPO, "docker", "Dockerfile")).read()
+    copied = [src for line in dockerfile.splitlines() if line.startswith("COPY ")
+              for src in line.split()[1:-1]]
+    assert "requirements.txt" in copied and "gluon_gpu" in copied
+    context = tmp_path / "context"
+    context.mkdir()
+    for src in copied:
+        path = os.path.join(REPO, src)
+        assert os.path.exists(path), src
+        (shutil.copytree if os.path.isdir(path) else shutil.copy)(path, context / src)
+    assert "pip install -r requirements.txt" in dockerfile and "python3.10 -m venv" in dockerfile
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w",
+                            str(tmp_path / "wheel"), str(context)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert os.listdir(tmp_path / "wheel") == [f"gluon_gpu-{__version__}-py3-none-any.whl"]
+    page = open(os.path.join(REPO, "docs", "distributed.md")).read()
+    tag = re.search(r"docker build -f docker/Dockerfile -t (\S+) \.", page)[1]
+    images = set(re.findall(r"image: (\S+)", page))
+    assert images == {tag} and tag.endswith(f":{__version__}") and tag in dockerfile
