@@ -93,7 +93,7 @@ def pytorch(args, config, data, bar):
         runs = [(f"PyTorch {dtype}" + " autocast" * (dtype == "bfloat16"), config.to_dict(), dtype)
                 for dtype in precisions]
         runs.append((f"PyTorch standard recipe, {precisions[-1]}" + " autocast" * (precisions[-1] == "bfloat16"),
-                     {**config.to_dict(), **STANDARD, "tta": ""}, precisions[-1]))
+                     {**RunConfig().to_dict(), **STANDARD}, precisions[-1]))  # whatever the recipe
         return [row(name, torch_curve(args, samples, os.path.join(scratch, f"config{i}.json"), settings, dtype, bar),
                     args.to_accuracy) for i, (name, settings, dtype) in enumerate(runs)]
 
