@@ -120,7 +120,7 @@ def test_a_scheduled_run_prints_no_mxnet_warning(tmp_path, capsys):
 
 @pytest.mark.parametrize("program", PROGRAMS)
 def test_every_help_shows_its_defaults(program):
-    every = "--help-all" if program == "train" else "--help"  # train's --help shows the flags most runs use
+    every = "--help-all" if program in ("train", "bench", "evaluate", "predict") else "--help"  # brief --help
     proc = subprocess.run([sys.executable, "-m", f"gluon_gpu.{program}", every], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: python -m gluon_gpu.{program} ")  # named as invoked

@@ -2,13 +2,11 @@
 change on --resume. The train CLI, the benchmark and --resume all build a run from a
 :class:`RunConfig`; evaluate and predict take the flags they share with it from here."""
 import argparse
-import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Optional
 
 from ..core.loop.pruning import RULES as PRUNE_RULES
 from ..core.state.compat import upgrade_config
-from ..core.platform.errors import UserError
 from ..core.step.buckets import DEFAULT_BUCKET_MB
 from ..core.step.heads import TASKS
 from ..core.step.kvstores import KVSTORES
@@ -211,35 +209,6 @@ GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
 ALL_FLAGS = tuple(f.name for f in fields(RunConfig))
 # The flags every command shares (evaluate and predict add their own).
 COMMON_FLAGS = ("devices", "fused_conv", "omp_threads", "engine_threads", "batch_size", "data_dir", "quiet")
-
-
-# Flags that change something only in some modes (issue #53: a flag accepted and then
-# ignored): {flag: (whether the run's config is in its mode, the mode in words)}. A flag
-# typed outside its mode is refused, in one line naming the mode.
-FLAG_MODES = {
-    "bfloat16_kernels": (lambda c: c.dtype == "bfloat16", "--dtype bfloat16"),
-    "lr_decay": (lambda c: c.lr_mode == "step", "--lr-mode step"),
-    "lr_decay_epoch": (lambda c: c.lr_mode == "step", "--lr-mode step"),
-    "warmup_lr": (lambda c: c.warmup_epochs > 0, "--warmup-epochs"),
-    "momentum": (lambda c: c.optimizer in ("sgd", "nag"), "--optimizer sgd or nag"),
-    "mixup_off_epochs": (lambda c: c.mixup or c.cutmix, "--mixup or --cutmix"),
-    "sweep_random": (lambda c: bool(c.sweep), "--sweep"),
-    "prune_warmup": (lambda c: c.prune != "off", "--prune"),
-    "ensemble_layout": (lambda c: c.ensemble > 1 or bool(c.sweep), "--ensemble K or --sweep"),
-}
-
-
-def check_flag_modes(config, typed):
-    """Refuse a flag the user ``typed`` that changes nothing in ``config``'s mode
-    (:data:`FLAG_MODES`), and say of a --lr-decay-epoch past the last epoch that it never comes."""
-    for name in sorted(set(typed) & set(FLAG_MODES)):
-        applies, mode = FLAG_MODES[name]
-        if not applies(config):
-            raise UserError(f"`{name}` applies with {mode} only; this run has none of it: leave `{name}` out")
-    late = [e for e in map(int, filter(None, config.lr_decay_epoch.split(","))) if e > config.epochs]
-    if late and config.lr_mode == "step":
-        print(f"gluon_gpu: warning: --lr-decay-epoch {','.join(map(str, late))} comes after the last epoch "
-              f"({config.epochs}): this run never decays there", file=sys.stderr, flush=True)
 
 
 def flag_name(name):

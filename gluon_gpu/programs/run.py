@@ -257,19 +257,34 @@ def optimizer_params(config, iters_per_epoch):
     return params
 
 
+# The one rule for flags that change something only in some modes (argparse takes any
+# flag silently): (flag, the flag that chooses its mode, whether this run's mode leaves
+# it idle, what it does). A flag set away from its default in an idle mode is a warning.
+IDLE_FLAGS = (
+    ("lr_decay_epoch", "lr_mode", lambda c: c.lr_mode != "step", "it sets the decay epochs of `lr_mode` step"),
+    ("lr_decay", "lr_mode", lambda c: c.lr_mode != "step", "it is the factor at each decay epoch of `lr_mode` step"),
+    ("warmup_lr", "warmup_epochs", lambda c: not c.warmup_epochs, "it is the rate a warmup starts from"),
+    ("prune_warmup", "prune", lambda c: c.prune == "off", "it is how long a member trains before `prune` judges it"),
+    ("bfloat16_kernels", "dtype", lambda c: c.dtype != "bfloat16", "it chooses the kernels of `dtype` bfloat16"),
+    ("ensemble_layout", "ensemble", lambda c: c.ensemble == 1 and not c.sweep,
+     "it lays out the members of an `ensemble` or a `sweep`"),
+)
+
+
 def idle_flags(config):
     """A warning for each flag set away from its default that changes nothing in the
-    mode chosen (argparse takes it silently): the schedule's and pruning's settings.
-    A sweep that varies the mode that uses one is left alone."""
+    mode chosen (:data:`IDLE_FLAGS`), and for decay epochs past the last epoch. A sweep
+    that varies the mode that uses one is left alone."""
     varied = (config.sweep or "").replace("_", "-")
-    idle = [("lr_decay_epoch", "lr_mode", config.lr_mode != "step", "it sets the decay epochs of `lr_mode` step"),
-            ("lr_decay", "lr_mode", config.lr_mode != "step", "it is the factor at each decay epoch of `lr_mode` step"),
-            ("warmup_lr", "warmup_epochs", not config.warmup_epochs, "it is the rate a warmup starts from"),
-            ("prune_warmup", "prune", config.prune == "off", "it is how long a member trains before `prune` judges it")]
     defaults = {f.name: f.default for f in fields(RunConfig)}
-    return [f"`{flag}` {getattr(config, flag)} changes nothing with `{mode}` {getattr(config, mode)} ({why})"
-            for flag, mode, unused, why in idle
-            if unused and getattr(config, flag) != defaults[flag] and mode.replace("_", "-") not in varied]
+    said = [f"`{flag}` {getattr(config, flag)} changes nothing with `{mode}` {getattr(config, mode)} ({why})"
+            for flag, mode, idle, why in IDLE_FLAGS
+            if idle(config) and getattr(config, flag) != defaults[flag] and mode.replace("_", "-") not in varied]
+    late = [e for e in map(int, filter(None, config.lr_decay_epoch.split(","))) if e > config.epochs]
+    if late and config.lr_mode == "step":
+        said.append(f"`lr_decay_epoch` {','.join(map(str, late))} comes after the last epoch (`epochs` "
+                    f"{config.epochs}): this run never decays there")
+    return said
 
 
 def lr_scheduler(config, iters_per_epoch):

@@ -28,7 +28,6 @@ from .cli import Parser, as_flags, command, main_guard, progress_enabled
 from .config import RunConfig, add_flags
 from .launch import RESTART_ENV
 from .plan import plan_line
-from .config import check_flag_modes
 from .recipes import apply_recipe, recipe_table
 from .resume import Checkpointer, ResumePoint, restart_from, resume_config, resume_point
 from .run import build_run
@@ -115,7 +114,6 @@ def main(argv=None, restart=None):
         print(recipe_table())
         return 0
     config, state = _run_config(args, flags.typed_values())
-    check_flag_modes(config, flags.typed)
     _thread_settings(args, config, restart=argv is None if restart is None else restart)
     with devices(config.devices) as ctx:
         out = config.out if args.resume else prepare_out_dir(config.out)

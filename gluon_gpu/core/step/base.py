@@ -5,7 +5,7 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 from ..platform.devices import check_cpu_only
-from .arguments import batch_arrays, check_devices, check_labels, check_network
+from .arguments import batch_arrays, check_labels, check_network
 from .array_api import legacy, model_is_np, semantics, to_api
 from .buckets import DEFAULT_BUCKET_BYTES
 from .coordination import Workers
@@ -56,7 +56,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
                  bucket_bytes=DEFAULT_BUCKET_BYTES, exchange=True, accumulate=1, clip_grad=None, amp=False,
                  loss_scaling=None, augment=None, mixing=None, tta=None):
         check_network(net)
-        self.ctx, self.net, self.transform, self.hybridize = check_devices(ctx), net, transform, hybridize
+        self.ctx, self.net, self.transform, self.hybridize = list(ctx), net, transform, hybridize
         self._labels_checked = False
         self.batch_size, self.accumulate, self.clip_grad = batch_size, accumulate, clip_grad
         self.pending_batches, self._pending_samples = 0, 0

@@ -10,6 +10,7 @@ Two strategies behind one interface (base.Step): a network replicated on every d
 The task head (heads.py) and input transform are passed in; the network may use either
 MXNet API (array_api.py); a distributed job's workers agree through coordination.py.
 """
+from .arguments import check_devices
 from .members import PlacedMembers
 from .placed import PlacedStep
 from .replicated import ReplicatedStep
@@ -23,4 +24,4 @@ def DataParallel(net, ctx=None, *args, **kwargs):  # pylint: disable=invalid-nam
         return PlacedStep(net, ctx, *args, **kwargs)
     if ctx is None:
         raise ValueError("ctx: the devices to replicate the network on (a list of contexts)")
-    return ReplicatedStep(net, ctx, *args, **kwargs)
+    return ReplicatedStep(net, check_devices(ctx), *args, **kwargs)
