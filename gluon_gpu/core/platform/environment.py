@@ -97,14 +97,23 @@ def problem(env=None):
     address only once its pod runs, which may be after a worker's; the worker's wait for
     it has a deadline instead (kvstores.create_store)."""
     env = os.environ if env is None else env
-    for name, (low, high, why) in {**whole_numbers(), **job_whole_numbers()}.items():
-        value = env.get(name)
-        if value is not None and not (value.strip().isdigit() and low <= int(value) <= high):  # no OpenMP list
-            return f"{name}={value!r}: must be a whole number from {low} to {high}{why}"
+    found = _out_of_range(env, {**whole_numbers(), **job_whole_numbers()})
+    if found:
+        return found
     engine = env.get("MXNET_ENGINE_TYPE")
     if engine is not None and engine not in ENGINES:
         return f"MXNET_ENGINE_TYPE={engine!r}: must be one of {', '.join(ENGINES)}"
     return job_problem(env)
+
+
+def _out_of_range(env, ranges):
+    """The first of ``ranges`` (``{variable: (lowest, highest, why)}``) that ``env`` sets to
+    anything but a whole number within them, as a line, or None."""
+    for name, (low, high, why) in ranges.items():
+        value = env.get(name)
+        if value is not None and not (value.strip().isdigit() and low <= int(value) <= high):  # no OpenMP list
+            return f"{name}={value!r}: must be a whole number from {low} to {high}{why}"
+    return None
 
 
 MAX_JOB_PROCESSES = 4096  # workers or servers of one job: far above any job of this project
@@ -131,10 +140,9 @@ def slurm_problem(env=None):
     ranges = {"SLURM_RESTART_COUNT": (0, 10 ** 6, ""), "SLURM_JOB_NUM_NODES": (1, MAX_JOB_PROCESSES, ""),
               "SLURM_NTASKS": (1, nodes * cpus * PROCESSES_PER_CORE,
                                f" ({PROCESSES_PER_CORE} a CPU of the allocation's {nodes} node(s) of {cpus})")}
-    for name, (low, high, why) in ranges.items():
-        value = env.get(name)
-        if value is not None and not (value.strip().isdigit() and low <= int(value) <= high):
-            return f"{name}={value!r}: must be a whole number from {low} to {high}{why}"
+    found = _out_of_range(env, ranges)
+    if found:
+        return found
     job = env.get("SLURM_JOB_ID")
     if job is not None and not job.strip().isdigit():
         return f"SLURM_JOB_ID={job!r}: must be Slurm's job number"
