@@ -66,7 +66,8 @@ def prepare_out_dir(path):
     if complete_checkpoints(path):  # a run stopped before its first checkpoint was complete may start afresh
         raise UserError(f"--out {path} already holds a run (checkpoints); choose another directory "
                         "or continue it with --resume")
-    foreign = sorted(set(os.listdir(path)) - RUN_FILES) if os.path.isdir(path) else []
+    foreign = sorted(n for n in set(os.listdir(path)) - RUN_FILES if not n.startswith(".")) \
+        if os.path.isdir(path) else []  # hidden: the lock, cut temporaries (.x.tmp), NFS's .nfsNNNN
     if foreign:
         raise UserError(f"--out {path} holds files that are not a run's ({', '.join(foreign[:3])}"
                         f"{', ...' if len(foreign) > 3 else ''}): give a new or empty directory")
@@ -74,8 +75,7 @@ def prepare_out_dir(path):
 
 
 # What a run that stopped before its first complete checkpoint may have left (it starts afresh there).
-RUN_FILES = frozenset(("checkpoints", "train.log", "metrics.csv", "curves.png", ".lock", "tb", "profile.json",
-                       "profile.txt"))
+RUN_FILES = frozenset(("checkpoints", "train.log", "metrics.csv", "curves.png", "tb", "profile.json", "profile.txt"))
 
 
 def check_writable(path):

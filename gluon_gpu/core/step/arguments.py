@@ -56,8 +56,8 @@ def _array(name, value):
 
 def check_labels(label, classes):
     """Refuse class labels outside ``0..classes-1`` (a host read of the labels)."""
-    values = np.concatenate([np.asarray(_host(y)).reshape(-1) for y in (label if isinstance(label, list) else
-                                                                         [label])])
+    shards = label if isinstance(label, (list, tuple)) else [label]
+    values = np.concatenate([np.asarray(_host(y)).reshape(-1) for y in shards if y is not None] or [np.zeros(0)])
     bad = values[(values < 0) | (values >= classes) | (values != np.floor(values))]
     if bad.size:
         raise ValueError(f"label: {bad[0]:g} is no class of this head's {classes} (0 to {classes - 1})")
