@@ -7,8 +7,10 @@ headline between its ``speedrun`` markers. Nothing in either is typed by hand.
     .venv/bin/python scripts/speedrun_page.py --seeds 1 --epochs 1 --limit 2048 --target 0.5 --docs DIR --readme FILE
 
 Without ``--torch-python`` (or $GLUON_GPU_TORCH_PYTHON) the PyTorch rows are left out and
-the page says so.
+the page says so. ``--work DIR`` keeps what was measured (the benchmark's report, each
+seed's run) and measures only what DIR lacks: a run cut short goes on where it stopped.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -19,19 +21,45 @@ import tempfile
 
 from performance_page import REPO, cpu_words, page_parser, run_bench, stamp, write_between
 
+sys.path.insert(0, REPO)
+from gluon_gpu.programs.bench.accuracy import report_text  # noqa: E402
+
 START, END = "<!-- speedrun:start (scripts/speedrun_page.py writes this) -->", "<!-- speedrun:end -->"
 RECIPE = "fast94"
 
 
 def seed_run(seed, out, extra):
-    """``metrics.json`` of ``gluon-gpu-train --recipe fast94 --seed SEED``."""
-    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--recipe", RECIPE, "--seed", str(seed),
-                           "--devices", "cpu*2", "--quiet", "--out", out, *extra], cwd=REPO, capture_output=True,
-                          text=True)
+    """``metrics.json`` of ``gluon-gpu-train --recipe fast94 --seed SEED`` (a finished one
+    in ``out`` is taken as it is; one cut short is resumed)."""
+    metrics = os.path.join(out, "metrics.json")
+    started = os.path.exists(os.path.join(out, "checkpoints"))
+    if started and os.path.exists(metrics):
+        with open(metrics) as f:
+            if json.load(f).get("status") == "finished":
+                return seed_metrics(metrics)
+    flags = ["--resume", out] if started else ["--recipe", RECIPE, "--seed", str(seed), "--devices", "cpu*2",
+                                               "--out", out, *extra]
+    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.train", "--quiet", *flags], cwd=REPO,
+                          capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"speedrun_page: seed {seed} failed: {proc.stderr.strip().splitlines()[-1:]}")
-    with open(os.path.join(out, "metrics.json")) as f:
+    return seed_metrics(metrics)
+
+
+def seed_metrics(path):
+    with open(path) as f:
         return json.load(f)
+
+
+def bench_report(flags, out):
+    """``(the command as a person types it, accuracy.json)`` of the benchmark, run only
+    if ``out`` holds no report of it."""
+    command = " ".join(["gluon-gpu-bench"] + flags)
+    path = os.path.join(out, "accuracy.json")
+    if not os.path.exists(path):
+        command = run_bench(flags, out, "accuracy.json")[0]
+    with open(path) as f:
+        return command, json.load(f)
 
 
 def seeds_table(runs):
@@ -65,7 +93,7 @@ def headline(report, seeds, machine):
             "epochs do not.")
 
 
-def page(command, report, stdout, seed_lines, summary, machine, torch):
+def page(command, report, seed_lines, summary, machine, torch):
     return "\n".join([
         f"# The soonest 0.94 on FashionMNIST: `--recipe {RECIPE}`",
         "",
@@ -82,7 +110,7 @@ def page(command, report, stdout, seed_lines, summary, machine, torch):
         "",
         f"`{command}`" + ("" if torch else " (no interpreter with PyTorch was given: no PyTorch row)") + ":",
         "",
-        "```text", stdout.strip(), "```",
+        "```text", report_text(report), "```",
         "",
         "Rows: gluon_gpu with the recipe; PyTorch eager with the same network and recipe (float32, and "
         "bfloat16 autocast where the CPU has bfloat16 instructions), test-time augmentation included; and the "
@@ -110,22 +138,22 @@ def main(argv=None):
     p.add_argument("--torch-python", default=os.environ.get("GLUON_GPU_TORCH_PYTHON"))
     p.add_argument("--epochs", type=int, default=None, help="a quick page: epochs of every run")
     p.add_argument("--limit", type=int, default=None, help="a quick page: training samples")
+    p.add_argument("--work", default=None, help="keep the measurements here, and measure only what it lacks")
     args = p.parse_args(argv)
     extra = (["--epochs", str(args.epochs)] if args.epochs else []) + (["--limit", str(args.limit)] if args.limit
                                                                       else [])
     torch = ["--torch-python", args.torch_python] if args.torch_python else []
-    with tempfile.TemporaryDirectory() as out:
-        command, report, stdout = run_bench(["--to-accuracy", args.target, "--recipe", RECIPE, *torch,
-                                             "--baseline", "none", "--devices", "cpu*2", *extra], out,
-                                            "accuracy.json")
+    with (contextlib.nullcontext(args.work) if args.work else tempfile.TemporaryDirectory()) as out:
+        command, report = bench_report(["--to-accuracy", args.target, "--recipe", RECIPE, *torch, "--baseline",
+                                        "none", "--devices", "cpu*2", *extra], os.path.join(out, "bench"))
         runs = [seed_run(seed, os.path.join(out, f"seed{seed}"), extra) for seed in range(args.seeds)]
         os.makedirs(args.docs, exist_ok=True)
-        shutil.copyfile(os.path.join(out, "accuracy.png"), os.path.join(args.docs, "speedrun.png"))
+        shutil.copyfile(os.path.join(out, "bench", "accuracy.png"), os.path.join(args.docs, "speedrun.png"))
     command = command.replace(args.torch_python or "\0", "PY")
     machine = report["machine"]
     seed_lines, summary, seeds = seeds_table(runs)
     with open(os.path.join(args.docs, "speedrun.md"), "w") as f:
-        f.write(page(command, report, stdout, seed_lines, summary, machine, bool(torch)))
+        f.write(page(command, report, seed_lines, summary, machine, bool(torch)))
     write_between(args.readme, START, END, headline(report, {**seeds, "count": len(runs)}, machine))
     print(f"wrote {args.docs}/speedrun.md, speedrun.png and the headline in {args.readme}: {summary}")
     return 0

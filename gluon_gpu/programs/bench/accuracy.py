@@ -131,19 +131,25 @@ def run_to_accuracy(args, config, data, bar):
             other["ours_sooner"] = other["seconds_to_target"] / rows[0]["seconds_to_target"]
             if other["name"] == "baseline loop":
                 rows[0]["speedup"] = other["ours_sooner"]
+    report = {"config": config.to_dict(), "target": args.to_accuracy, "machine": machine_info(), "results": rows}
+    print(report_text(report))
+    write_json(os.path.join(args.out, "accuracy.json"), report)
+    plot(rows, args.to_accuracy, os.path.join(args.out, "accuracy.png"))
+    print(f"wrote {args.out}/accuracy.json and {args.out}/accuracy.png")
+    return 0
+
+
+def report_text(report):
+    """The table ``bench --to-accuracy`` prints, from its report (accuracy.json)."""
+    config, target = report["config"], report["target"]
     columns = [("loop", 40, lambda r: r["name"]), ("epochs to ACC", 15, figure("epochs_to_target", "d")),
                ("seconds to ACC", 16, figure("seconds_to_target", ".1f")), ("epochs run", 12, figure("epochs", "d")),
                ("last val-acc", 14, figure("val_acc", ".4f")), ("faster", 9, figure("speedup", ".2f", "x")),
                ("ours sooner", 13, figure("ours_sooner", ".2f", "x"))]
-    print(text_table(columns, rows, f"time to val-acc {args.to_accuracy} on {config.devices}: {config.model}, "
-                                    f"recipe {config.recipe or 'none'} (at most {config.epochs} epochs; "
-                                    "validation counted in the time)" + (f", tta {config.tta}" if config.tta else "")))
-    print(f"measured on {machine_words(machine_info())}")
-    write_json(os.path.join(args.out, "accuracy.json"), {"config": config.to_dict(), "target": args.to_accuracy,
-                                                         "machine": machine_info(), "results": rows})
-    plot(rows, args.to_accuracy, os.path.join(args.out, "accuracy.png"))
-    print(f"wrote {args.out}/accuracy.json and {args.out}/accuracy.png")
-    return 0
+    title = (f"time to val-acc {target} on {config['devices']}: {config['model']}, recipe {config['recipe'] or 'none'} "
+             f"(at most {config['epochs']} epochs; validation counted in the time)"
+             + (f", tta {config['tta']}" if config.get("tta") else ""))
+    return text_table(columns, report["results"], title) + f"\nmeasured on {machine_words(report['machine'])}"
 
 
 def plot(rows, target, path):
