@@ -41,7 +41,7 @@ def clean_env(**changes):
 def test_a_bad_job_variable_is_one_line_before_mxnet_starts(changes, message):
     done = subprocess.run(TRAIN + ["--out", "/nonexistent/never"], cwd=REPO, env=clean_env(**{**JOB, **changes}),
                           capture_output=True, text=True, timeout=120)
-    assert table_exit("a bad variable of a distributed job", done.returncode)
+    assert table_exit("a distributed job's variable that is wrong", done.returncode)
     assert done.stderr.strip() == f"gluon_gpu: error: {message}" + \
         done.stderr.strip().split(message, 1)[1], done.stderr
     assert done.stderr.count("\n") == 1
