@@ -142,7 +142,7 @@ def run_to_accuracy(args, config, data, bar):
 def report_text(report):
     """The table ``bench --to-accuracy`` prints, from its report (accuracy.json)."""
     config, target = report["config"], report["target"]
-    columns = [("loop", 40, lambda r: r["name"]), ("epochs to ACC", 15, figure("epochs_to_target", "d")),
+    columns = [("loop", 44, lambda r: r["name"]), ("epochs to ACC", 15, figure("epochs_to_target", "d")),
                ("seconds to ACC", 16, figure("seconds_to_target", ".1f")), ("epochs run", 12, figure("epochs", "d")),
                ("last val-acc", 14, figure("val_acc", ".4f")), ("faster", 9, figure("speedup", ".2f", "x")),
                ("ours sooner", 13, figure("ours_sooner", ".2f", "x"))]
