@@ -182,7 +182,11 @@ def test_hostfile_plan_runs_over_ssh_round_robin(tmp_path):
     assert roles == [("scheduler", 0, None), ("server", 0, "node1"), ("server", 1, "alice@node2:2222"),
                      ("worker", 0, "node1"), ("worker", 1, "alice@node2:2222"), ("worker", 2, "node1")]
     _, _, _, argv, env = procs[4]
-    assert argv[:5] == ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes"]
+    deadlines = len(launch.SSH_DEADLINES)  # every ssh connection has deadlines (ConnectTimeout, ServerAlive)
+    assert argv[:5 + deadlines] == ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes",
+                                    *launch.SSH_DEADLINES]
+    assert "ConnectTimeout=30" in argv and "ServerAliveInterval=15" in argv
+    argv = argv[:5] + argv[5 + deadlines:]
     assert argv[5:8] == ["-p", "2222", "alice@node2"]
     words = shlex.split(argv[8])
     assert words[:5] == ["cd", "/work dir", "&&", "exec", "env"]

@@ -8,6 +8,7 @@ minute), and its rows come back tagged with the values that vary; the first chil
 times the baseline loop. ``child_report`` runs such a child (the ensemble bench's
 variants and its K=1 on one engine worker too).
 """
+import argparse
 import json
 import os
 import subprocess
@@ -60,7 +61,7 @@ def child_argv(parser, args, **values):
     place of some of its entries."""
     argv = []
     for action in parser._actions:  # pylint: disable=protected-access
-        if not action.option_strings or action.dest == "help":
+        if not action.option_strings or action.default == argparse.SUPPRESS:  # --help, --help-all
             continue
         value = values.get(action.dest, getattr(args, action.dest))
         if value is None or value is False:
