@@ -33,7 +33,7 @@ from ..core.platform.devices import CpuOnly, thread_settings
 from ..core.platform.environment import cpu_flags
 from ..core.platform.errors import UserError
 from ..core.platform.walk import descendants
-from ..core.step.precision import BF16_CPU_FLAGS, OwnBfloat16, bfloat16_measured
+from ..core.step.precision import OwnBfloat16, bfloat16_measured, has_bfloat16
 from .compiled import KernelUnavailable, build_library, cached_path, compiler
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "amx_features.cc")
@@ -373,7 +373,7 @@ def runs(net, ctx):
 def _why_not(net, ctx, members):
     if any(c.device_type != "cpu" for c in ctx):
         return "it runs on CPUs only"
-    if not cpu_flags() & BF16_CPU_FLAGS:
+    if not has_bfloat16(cpu_flags()):
         return "this CPU has neither AVX-512 BF16 nor AMX (/proc/cpuinfo lists neither avx512_bf16 nor amx_bf16)"
     if members > 1:
         return "it trains one network, not an `ensemble` or a `sweep`"

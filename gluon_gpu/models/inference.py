@@ -19,7 +19,7 @@ from mxnet.contrib import amp, quantization
 
 from ..core.platform.environment import usable_cpus
 from ..core.platform.errors import UserError
-from ..core.step.precision import BF16_CPU_FLAGS, cpu_flags
+from ..core.step.precision import cpu_flags, has_bfloat16
 from . import amx_features
 from .init import fused_for
 from .servable import servable_model
@@ -48,7 +48,7 @@ def inference_mode(mode, ctx, model="lenet", fused_conv="auto"):
         raise UserError(f"unknown `inference` {mode!r}: choose one of {', '.join(MODES)}")
     if mode in ONEDNN and not on_cpu:
         raise UserError(f"`inference` {mode} is oneDNN's, for CPU contexts: use `devices` cpu, or `inference` graph")
-    if mode == "bfloat16" and not cpu_flags() & BF16_CPU_FLAGS:
+    if mode == "bfloat16" and not has_bfloat16(cpu_flags()):
         raise UserError("`inference` bfloat16 needs a CPU with AVX-512 BF16 or AMX instructions (/proc/cpuinfo "
                         "lists neither avx512_bf16 nor amx_bf16)")
     return mode

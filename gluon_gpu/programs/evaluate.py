@@ -8,11 +8,11 @@ import mxnet as mx
 from mxnet import nd
 
 from ..core.platform.devices import describe, devices, parse_devices, thread_settings
+from ..core.platform.errors import UserError
 from ..core.step.heads import head_for
 from ..core.step.members import member_count
 from ..core.step.parallel import DataParallel
 from ..core.step.tta import check_tta, parse_tta
-from ..core.platform.errors import UserError
 from ..data import DataSpec, load_dataset, make_pipeline
 from ..data.sources import sample_batches
 from ..models import load_model, params_in, pipeline_layout, recorded_run

@@ -23,7 +23,7 @@ class ByCpu(NamedTuple):
     other: object
 
     def value(self):
-        return self.bfloat16 if precision.cpu_flags() & precision.BF16_CPU_FLAGS else self.other
+        return self.bfloat16 if precision.has_bfloat16() else self.other
 
     def __str__(self):
         return f"{_value_text(self.bfloat16)} (on CPUs with AVX-512 BF16 or AMX; else {_value_text(self.other)})"

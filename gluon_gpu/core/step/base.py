@@ -46,7 +46,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
     summed before one update. ``clip_grad``: the mean gradient's global norm clipped after the exchange.
     ``dtype``/``amp``/``loss_scaling``: precision.py. ``augment``, ``mixing``: training inputs (inputs.py).
     ``tta``: test-time augmentation of evaluation, ``'flip,shift=1'`` or a TestTimeAugmentation
-    (data/test_time.py; a classifier of images, one network).
+    (core/step/tta.py; a classifier of images, one network).
     """
 
     owner = None  # placed.py: the network, a PlacedMembers

@@ -76,6 +76,11 @@ def own_bfloat16(net):
     return next((b for b in descendants(net) if isinstance(b, OwnBfloat16)), None)
 
 
+def has_bfloat16(flags=None):
+    """Whether this CPU (or ``flags``) has bfloat16 instructions: AVX-512 BF16 or AMX."""
+    return bool((cpu_flags() if flags is None else flags) & BF16_CPU_FLAGS)
+
+
 def bfloat16_class(flags=None):
     """This CPU's (or ``flags``') class as measured figures name it (environment.bfloat16_isa)."""
     return bfloat16_isa(cpu_flags() if flags is None else flags)
@@ -144,7 +149,7 @@ def check_precision(precision, ctx):
     if precision.dtype == "bfloat16":
         if not on_cpu:
             raise UserError("`dtype` bfloat16 runs on CPUs (oneDNN's bfloat16 kernels); on GPUs use `amp`")
-        if not cpu_flags() & BF16_CPU_FLAGS:
+        if not has_bfloat16():
             raise UserError("`dtype` bfloat16 needs a CPU with AVX-512 BF16 or AMX instructions "
                             "(/proc/cpuinfo lists neither avx512_bf16 nor amx_bf16); train in float32")
 

@@ -21,7 +21,7 @@ from ...core.platform.devices import parse_devices
 from ...core.platform.environment import cpu_flags
 from ...core.platform.errors import UserError
 from ...core.platform.files import write_json
-from ...core.step.precision import BF16_CPU_FLAGS
+from ...core.step.precision import has_bfloat16
 from .. import tutorial_loop
 from ..config import RunConfig
 from ..recipes import apply_recipe
@@ -85,7 +85,7 @@ def pytorch(args, config, data, bar):
     """PyTorch's rows, each validating every epoch inside the timed span: the same
     network and recipe in ``--torch-python``, in float32 and (on a CPU with bfloat16
     instructions) under bfloat16 autocast; and :data:`STANDARD` at the CPU's best precision."""
-    precisions = ("float32", "bfloat16") if cpu_flags() & BF16_CPU_FLAGS else ("float32",)
+    precisions = ("float32", "bfloat16") if has_bfloat16(cpu_flags()) else ("float32",)
     with tempfile.TemporaryDirectory() as scratch:
         samples = os.path.join(scratch, "samples.npz")
         save_samples(samples, data.spec, train_x=data.train_x, train_y=data.train_y, val_x=data.val_x,

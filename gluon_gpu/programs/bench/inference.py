@@ -27,7 +27,7 @@ from ...core.platform.devices import parse_devices, thread_settings
 from ...core.platform.errors import UserError
 from ...core.platform.files import write_json
 from ...core.step.heads import head_for
-from ...core.step.precision import BF16_CPU_FLAGS, cpu_flags
+from ...core.step.precision import cpu_flags, has_bfloat16
 from ...data.sources import sample_batches
 from ...models import load_model, params_in, recorded_run
 from ...models.inference import inference_model, inference_threads
@@ -92,7 +92,7 @@ def time_engines(args, engines):
                            graph_evaluation(path, ctx, spec, x, y, bs)))
     for mode, what in (("fused", "oneDNN fused graph (--inference fused)"), ("int8", "oneDNN INT8 (--int8)"),
                        ("bfloat16", "oneDNN bfloat16 (--inference bfloat16)")):
-        if mode in engines and (mode != "bfloat16" or cpu_flags() & BF16_CPU_FLAGS):
+        if mode in engines and (mode != "bfloat16" or has_bfloat16(cpu_flags())):
             net = inference_model(path, spec, mode, x[:bs], calibration=data.train_x[:CALIBRATION], log=True)
             rows.append(_timed(mode, what, args.repeats, lambda net=net: evaluate_inference(net, head, x, y, bs,
                                                                                              spec.dtype)))
