@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from mxnet import gluon, nd
 
-from gluon_gpu import DataParallel
-from gluon_gpu.core.step.heads import Classification
+from gluon_gpu import Batch, DataParallel
+from gluon_gpu.core.step.heads import Classification, Head
 
 from failure_table import table_exit
 from test_checkpoints import REPO
@@ -77,3 +77,46 @@ def test_shards_come_as_two_lists_of_one_length():
     dp = DataParallel(dense(), CPU2, "sgd", {"learning_rate": 0.1})
     with pytest.raises(ValueError, match="two lists of the same length"):
         dp.step([nd.zeros((4, 4), ctx=c) for c in CPU2], nd.zeros(8))
+
+
+def mean_loss(out, y):
+    return gluon.loss.SoftmaxCrossEntropyLoss()(out, y).mean()
+
+
+@pytest.mark.parametrize("head,message", [
+    (Head(mean_loss), r"head: its loss gave shape \(1,\) for 2 samples"),
+    (Head(gluon.loss.SoftmaxCrossEntropyLoss(), {"acc": lambda F, out, y: F.mean(F.argmax(out, axis=-1) == y)}),
+     r"head: its metric 'acc' gave shape \(1,\) for 2 samples")])
+def test_a_custom_head_gives_one_value_per_sample_or_one_error(head, message):
+    net = dense()
+    before = net[0].weight.data(mx.cpu(0)).asnumpy().copy()
+    dp = DataParallel(net, CPU2, "sgd", {"learning_rate": 0.1}, head=head)
+    with pytest.raises(ValueError, match=message):
+        dp.step(np.zeros((8, 4)), np.zeros(8))
+    assert np.array_equal(net[0].weight.data(mx.cpu(0)).asnumpy(), before)  # nothing trained
+
+
+def test_a_custom_head_per_sample_trains():
+    head = Head(gluon.loss.SoftmaxCrossEntropyLoss(), {"acc": lambda F, out, y: F.argmax(out, axis=-1) == y})
+    dp = DataParallel(dense(), CPU2, "sgd", {"learning_rate": 0.5}, head=head)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.float32)  # learnable from the first feature
+    for _ in range(30):
+        dp.step(x, y)
+    assert dp.evaluate([(x, y)])["acc"] > 0.9
+
+
+@pytest.mark.parametrize("fields,message", [
+    (("pixels", np.zeros(8)), "Batch data: an MXNet or numpy array or a list of per-device shards, got str"),
+    ((np.zeros((8, 4)), None), "Batch label: an MXNet or numpy array or a list of per-device shards, got NoneType"),
+    ((np.zeros((8, 4)), np.zeros(8), 0.5), r"Batch augmentation: .* \(or None\), got float")])
+def test_a_batch_takes_arrays_or_shards(fields, message):
+    with pytest.raises(TypeError, match=message):
+        Batch(*fields)
+
+
+def test_augmentation_for_a_data_parallel_without_augment_is_refused():
+    dp = DataParallel(dense(), CPU2, "sgd", {"learning_rate": 0.1}, head=Classification(3))
+    with pytest.raises(ValueError, match="augmentation: parameters for a DataParallel made without `augment`"):
+        dp.step(np.zeros((8, 4)), np.zeros(8), augmentation=np.zeros((8, 3)))

@@ -15,7 +15,7 @@ from gluon_gpu.programs.bench import accuracy as bench_accuracy
 from gluon_gpu.programs.bench import program as bench
 from gluon_gpu.programs.bench import torch_resnet
 from gluon_gpu.programs.config import RunConfig
-from gluon_gpu.programs.recipes import apply_recipe
+from gluon_gpu.programs.recipes import RECIPES, apply_recipe
 from gluon_gpu.programs.run import lr_scheduler
 
 from conftest import needs_bf16, trained_run
@@ -263,7 +263,7 @@ def test_time_to_accuracy_takes_the_flags_typed_beside_the_recipe():
     assert (config.epochs, config.lr, config.model, config.ema) == (4, 0.05, "cifar_resnet20_v1", 0.999)
     config = bench_accuracy.bench_config(parser.parse(["--to-accuracy", "0.94", "--recipe", "fast94", "--devices",
                                                        "cpu"]).values)
-    assert config.epochs == 10 and config.tta == "flip"
+    assert config.epochs == RECIPES["fast94"].flags["epochs"] and config.tta == "flip"
     assert config.dtype == ("bfloat16" if cpu_flags() & BF16_CPU_FLAGS else "float32")  # the CPU's fastest
 
 

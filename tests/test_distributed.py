@@ -1,6 +1,7 @@
 """Distributed training on MXNet's parameter-server kvstore, on loopback, and the launcher."""
 import json
 import os
+import re
 import random
 import shlex
 import signal
@@ -161,6 +162,25 @@ def test_a_dead_worker_stops_the_whole_job_and_leaves_no_process(tmp_path):
     lines = err.strip().splitlines()
     assert lines[-1].startswith("gluon_gpu.launch: worker ") and "killed by SIGKILL" in lines[-1]
     assert wait_until_gone(job) == []  # the launcher has reaped them; the kernel may lag a moment
+
+
+def test_a_stopped_server_ends_its_workers_waits_after_the_stall_deadline(tmp_path):
+    """A role that stops (SIGSTOP: alive, so no launcher notices) leaves its workers waiting
+    in ps-lite: each gives up after GLUON_GPU_STALL_TIMEOUT seconds with one line."""
+    job = uuid.uuid4().hex
+    proc = run_launch(["-n", "2", "-s", "1", "--grace", "3", "--"] + TRAIN +
+                      ["--epochs", "100", "--out", str(tmp_path / "run")], job,
+                      env={"GLUON_GPU_STALL_TIMEOUT": "5"})
+    wait_until(lambda: os.path.exists(tmp_path / "run" / "metrics.json"), proc, "training under way")
+    servers = [pid for pid, role in job_processes(job) if role == "server"]
+    assert len(servers) == 1
+    os.kill(servers[0], signal.SIGSTOP)
+    _, err = proc.communicate(timeout=120)  # bounded: the stall deadline, then the launcher's stop
+    assert len(read_metrics(tmp_path / "run")["epochs"]) < 100  # stopped, not run out
+    assert table_exit("a role of a distributed job stops", proc.returncode)
+    assert re.search(r"gluon_gpu: error: worker \d of 2 made no progress for 5 s: it waits on a role of the job "
+                     r"\(scheduler at 127\.0\.0\.1:\d+, 1 server\(s\)", err), err
+    assert wait_until_gone(job) == []
 
 
 def test_timeout_stops_a_job(tmp_path):

@@ -9,7 +9,7 @@ import shutil
 import sys
 from typing import NamedTuple
 
-from ..core.platform.errors import ProcessDied, UserError
+from ..core.platform.errors import DeadlineError, ProcessDied, UserError
 from ..core.platform.signals import Stopped
 
 
@@ -329,7 +329,7 @@ def main_guard(prog):
             except UserError as e:
                 print(f"{prog}: error: {as_flags(str(e))}", file=sys.stderr)
                 return 2
-            except ProcessDied as e:  # a DataLoader or pack worker killed (out of memory)
+            except (ProcessDied, DeadlineError) as e:  # a worker killed (out of memory), a child past its deadline
                 print(f"{prog}: error: {e}", file=sys.stderr)
                 return 1
             except KeyboardInterrupt:

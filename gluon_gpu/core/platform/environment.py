@@ -126,6 +126,7 @@ def job_whole_numbers():
     """``{variable: (lowest, highest, why)}`` of the whole numbers of a job's environment."""
     return {"DMLC_NUM_WORKER": (1, MAX_JOB_PROCESSES, ""), "DMLC_NUM_SERVER": (1, MAX_JOB_PROCESSES, ""),
             "DMLC_PS_ROOT_PORT": (1, 65535, " (a TCP port)"), "GLUON_GPU_CONNECT_TIMEOUT": (1, 7 * 86400, " seconds"),
+            "GLUON_GPU_STALL_TIMEOUT": (1, 7 * 86400, " seconds"),
             "GLUON_GPU_RESTART": (1, 10 ** 6, " (the restart's number, as gluon-gpu-launch sets it)")}
 
 

@@ -2,7 +2,7 @@
 
 Every CLI catches :class:`UserError` and prints it as one line on stderr with exit
 status 2; :class:`WriteError` and :class:`ProcessDied` (not the input's fault) as one
-line with exit status 1; anything else is a bug and keeps its traceback.
+line with exit status 1 (and :class:`DeadlineError`); anything else is a bug and keeps its traceback.
 """
 import signal
 
@@ -37,6 +37,11 @@ class WriteError(Exception):
     def __init__(self, path, reason):
         super().__init__(f"cannot write {path}: {reason}")
         self.path, self.reason = path, reason
+
+
+class DeadlineError(Exception):
+    """A wait that passed its deadline (a child process past ``--timeout``): not the
+    input's fault, so exit status 1, in one line naming what was waited for."""
 
 
 class ProcessDied(Exception):

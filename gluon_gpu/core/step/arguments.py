@@ -65,3 +65,15 @@ def check_labels(label, classes):
 
 def _host(y):
     return y.asnumpy() if hasattr(y, "asnumpy") else y
+
+
+def check_per_sample(head, out, y):
+    """A custom head's loss and each metric give one value per sample of ``out``."""
+    n = out.shape[0]
+    figures = [("loss", head.loss_of(nd, out, y))] + [(f"metric {name!r}", fn(nd, out, y))
+                                                      for name, fn in head.metrics.items()]
+    for what, value in figures:
+        if tuple(value.shape) != (n,):
+            raise ValueError(f"head: its {what} gave shape {tuple(value.shape)} for {n} samples; a Head's loss and "
+                             "metrics give one value per sample, shape (n,) (gluon.loss losses do; a mean over the "
+                             "batch does not)")

@@ -5,8 +5,8 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 from ..platform.devices import check_cpu_only
-from .arguments import batch_arrays, check_labels, check_network
-from .array_api import legacy, model_is_np, semantics, to_api
+from .arguments import batch_arrays, check_labels, check_network, check_per_sample
+from .array_api import call, legacy, model_is_np, semantics, to_api
 from .buckets import DEFAULT_BUCKET_BYTES
 from .coordination import Workers
 from .gradients import Gradients
@@ -126,10 +126,26 @@ class Step:  # pylint: disable=too-many-instance-attributes
         already-split lists pass through unchanged. The first batch's class labels are
         checked against the head's classes (one host read, once)."""
         data, label = batch_arrays(data, label)
-        if not self._labels_checked and getattr(self.head, "classes", None):
-            check_labels(label, self.head.classes)
+        if self._workers.watch is not None:
+            self._workers.watch.progress()
+        if not self._labels_checked:
+            if getattr(self.head, "classes", None):
+                check_labels(label, self.head.classes)
+            if self.head.task == "custom" and self.members == 1 and self.owner is None:
+                self._probe_head(data, label)
             self._labels_checked = True
         return self._split(data, label, training)
+
+    def _probe_head(self, data, label):
+        """A custom head's loss and metrics on two samples of the first batch, eagerly:
+        one value per sample each (a scalar would train silently, summed as one sample)."""
+        x, y = (next(v for v in (part if isinstance(part, (list, tuple)) else [part]) if v is not None)
+                for part in (data, label))
+        x, y = legacy(x)[:2].as_in_context(self.ctx[0]), legacy(y)[:2].as_in_context(self.ctx[0])
+        with mx.autograd.pause():
+            x = self.transform(x) if self.transform is not None else x
+            out = legacy(call(self.net, x.astype(self.precision.param_dtype))).astype("float32")
+        check_per_sample(self.head, out, y.astype("float32"))
 
     def _split(self, data, label, training):
         """The strategy's shards of a checked batch."""

@@ -1,4 +1,7 @@
 """One batch as the pipelines yield it and the step takes it, by name."""
+import numpy as np
+
+from .arguments import ARRAYS
 
 
 class Batch(tuple):
@@ -14,6 +17,10 @@ class Batch(tuple):
 
     def __new__(cls, data, label, augmentation=None, mixing=None):
         fields = [data, label, augmentation, mixing]
+        for name, value in zip(_NAMES, fields):
+            if not (isinstance(value, BATCH_TYPES) or value is None and name in _OPTIONAL):
+                raise TypeError(f"Batch {name}: an MXNet or numpy array or a list of per-device shards"
+                                f"{' (or None)' if name in _OPTIONAL else ''}, got {type(value).__name__}")
         while len(fields) > 2 and fields[-1] is None:
             fields.pop()
         return super().__new__(cls, fields)
@@ -31,3 +38,5 @@ class Batch(tuple):
 
 
 _NAMES = ("data", "label", "augmentation", "mixing")
+_OPTIONAL = ("augmentation", "mixing")
+BATCH_TYPES = ARRAYS + (np.ndarray, list, tuple)

@@ -8,6 +8,7 @@ from mxnet import nd
 
 from ..platform.signals import STOP_SIGNALS
 from .array_api import semantics
+from .kvstores import StallWatch
 from .spread_members import SpreadMembers
 
 _METRIC_KEY = 1 << 20  # beyond any parameter index
@@ -25,6 +26,7 @@ class Workers:
         self.rank = store.rank if store else 0
         self.count = store.num_workers if store else 1
         self.sync = self.distributed and store.type != "dist_async"
+        self.watch = StallWatch(self.rank, self.count) if self.distributed else None
         self.members = 0  # start: members spread over the workers
 
     def start(self, trainer, is_np, metric_width, devices, placed=None):

@@ -3,6 +3,7 @@ launches can run: checked up front, one clear line each."""
 import os
 import sys
 import threading
+import time
 
 import mxnet as mx
 
@@ -62,6 +63,38 @@ def create_store(kind):
         return mx.kv.create(kind)
     finally:
         timer.cancel()
+
+
+STALL_SECONDS = 1800  # GLUON_GPU_STALL_TIMEOUT's default: far above a step, an epoch's validation or a checkpoint
+
+
+class StallWatch:
+    """A deadline on a running job's waits: ps-lite's push, pull and barriers wait in C++,
+    with no word and no end, for a role that died or stopped where no launcher watches
+    (a pod, a stopped process). ``progress()`` is called at every batch; past
+    GLUON_GPU_STALL_TIMEOUT seconds (default STALL_SECONDS) without one, from the first
+    on, one line names the job's roles and the process ends with status 1."""
+
+    def __init__(self, rank, workers):
+        self.seconds = int(os.environ.get("GLUON_GPU_STALL_TIMEOUT") or STALL_SECONDS)  # checked: environment.py
+        self.rank, self.workers, self.last = rank, workers, None
+        self._thread = threading.Thread(target=self._watch, name="gluon_gpu-stall-watch", daemon=True)
+
+    def progress(self):
+        first = self.last is None
+        self.last = time.monotonic()
+        if first:
+            self._thread.start()
+
+    def _watch(self):
+        while time.monotonic() - self.last < self.seconds:
+            time.sleep(min(5.0, self.seconds / 10))
+        uri, port = (os.environ.get(k, "?") for k in ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT"))
+        print(f"gluon_gpu: error: worker {self.rank} of {self.workers} made no progress for {self.seconds} s: it "
+              f"waits on a role of the job (scheduler at {uri}:{port}, {os.environ.get('DMLC_NUM_SERVER', '?')} "
+              "server(s), the other workers) that died or stopped; GLUON_GPU_STALL_TIMEOUT sets the wait",
+              file=sys.stderr, flush=True)
+        os._exit(1)  # the main thread waits inside ps-lite, deaf to exceptions
 
 
 def check_exchange(ctx, kvstore, placed=False, clip_grad=None, exchange=True):

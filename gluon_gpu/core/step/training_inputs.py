@@ -23,8 +23,10 @@ class TrainingInputs:
         of parameters per sample (per pair member when mixing), split as the data or, not
         given, drawn here by numpy (then not a function of the sample); ``mixing``: a row
         per pair, from the pipeline (mixed batches hold pairs)."""
-        if mixing is not None and self.mixing is None:
-            raise ValueError("mixing parameters for a DataParallel made without `mixing`")
+        for given, block, name, flag in ((mixing, self.mixing, "mixing", "mixing"),
+                                         (augmentation, self.augment, "augmentation", "augment")):
+            if given is not None and block is None:
+                raise ValueError(f"{name}: parameters for a DataParallel made without `{flag}`")
         mixes = [None] * len(xs) if mixing is None else _split(mixing, ctx, self.placed)
         if self.augment is None:
             augs = [None] * len(xs)

@@ -102,7 +102,8 @@ def torch_curve(args, samples, path, settings, dtype, bar):
     """``[(seconds so far, val-acc)]`` of one PyTorch run (torch_resnet.py)."""
     write_json(path, settings)
     curve = []
-    for line in torch_lines(args.torch_python, torch_resnet.__file__, samples, path, args.to_accuracy, dtype):
+    for line in torch_lines(args.torch_python, torch_resnet.__file__, samples, path, args.to_accuracy, dtype,
+                            seconds=args.timeout):
         epoch = json.loads(line)
         curve.append((epoch["seconds"], epoch["val_acc"]))
         bar.update(1)

@@ -14,7 +14,6 @@ table, ``OUT/bench.json`` and ``OUT/inference.png``.
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ from ...models import load_model, params_in, recorded_run
 from ...models.inference import inference_model, inference_threads
 from ..evaluate import evaluate_inference, graph_evaluation, recorded_spec, validation_data
 from ..export import export
-from . import torch_lenet
+from . import children, torch_lenet
 from .torch_child import save_samples, torch_lines
 from .timing import figure, machine_info, text_table
 
@@ -62,7 +61,7 @@ def run_inference(args):
             + (["--val-limit", str(args.val_limit)] if args.val_limit else []) \
             + (["--data-dir", args.data_dir] if args.data_dir else []) \
             + (["--torch-python", args.torch_python] if args.torch_python else [])
-        done = subprocess.run(command, capture_output=True, text=True)
+        done = children.run(command, f"the {','.join(group)} engines' bench", args.timeout)
         if done.returncode != 0:
             lines = (done.stderr.strip() or "failed").splitlines()
             raise UserError(f"`inference` {' '.join(group)}: {lines[-1].split(': error: ', 1)[-1]}") \
@@ -142,7 +141,8 @@ def _torch_row(args, path, spec, x, y, scratch):
     weights, inputs = os.path.join(scratch, "lenet.npz"), os.path.join(scratch, "inputs.npz")
     torch_lenet.save_weights(load_model(path, mx.cpu(), fused_conv="off"), weights)
     save_samples(inputs, spec, x=x, y=y)
-    lines = list(torch_lines(args.torch_python, torch_lenet.__file__, weights, inputs, args.batch_size, args.repeats))
+    lines = list(torch_lines(args.torch_python, torch_lenet.__file__, weights, inputs, args.batch_size, args.repeats,
+                             seconds=args.timeout))
     result = json.loads(lines[-1])
     median = statistics.median(result["seconds"])
     return {"key": "pytorch", "name": f"PyTorch {result['torch']} eager, same LeNet and weights",

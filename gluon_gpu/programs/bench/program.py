@@ -17,7 +17,6 @@ own (variants.py), in one table and ``OUT/variants.png`` with the learning curve
 """
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,10 +34,10 @@ from ...core.step.precision import check_precision, precision_for
 from ...data import load_dataset
 from ...models import get_model
 from ...models.zoo import model_for
-from ..cli import Parser, main_guard, positive_int, progress_enabled, unit_fraction
+from ..cli import Parser, main_guard, non_negative_int, positive_int, progress_enabled, unit_fraction
 from ..config import COMMON_FLAGS, add_flags
 from ..train import check_writable
-from . import accuracy, ensembles, inference, sweep, variants
+from . import accuracy, children, ensembles, inference, sweep, variants
 from .timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours, time_tutorial
 
 
@@ -73,6 +72,9 @@ def build_parser():
                    help="an interpreter with PyTorch, for the PyTorch eager rows: --inference (LeNet runs), "
                         "--to-accuracy (CIFAR ResNets v1, float32 and bfloat16 autocast)")
     p.add_argument("--out", default="bench-out", help="directory for bench.json and scaling.png")
+    p.add_argument("--timeout", type=non_negative_int, default=children.TIMEOUT_SECONDS, metavar="SECONDS",
+                   help="stop a child process of the benchmark (a training job, a variant, PyTorch's loop) that runs "
+                        "longer, in one line, exit 1 (0: no limit)")
     p.brief_flags("epochs", "repeats", "baseline", "ensemble", "workers", "to_accuracy", "recipe", "inference",
                   "torch_python", "val_limit", "image_size", "fused_conv")
     return p
@@ -182,7 +184,8 @@ def time_job(args, workers, out):
     if workers:
         cmd = [sys.executable, "-m", "gluon_gpu.launch", "-n", str(workers), "-s", "1", "--"] + \
             cmd + ["--kvstore", "dist_sync"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    what = f"the training job of {workers} worker(s)" if workers else "the one-process training job"
+    proc = children.run(cmd, what, args.timeout)
     if proc.returncode:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise UserError(f"benchmark job failed ({' '.join(cmd)}): {last}")

@@ -1,11 +1,9 @@
 """PyTorch's rows of the benchmark run in another interpreter (``--torch-python``):
 gluoncv refuses to import beside PyTorch 2, so never in gluon_gpu's process. The
 scripts (torch_lenet.py, torch_resnet.py) import nothing of gluon_gpu or MXNet."""
-import subprocess
-
 import numpy as np
 
-from ...core.platform.errors import UserError
+from .children import lines
 
 
 def save_samples(path, spec, **arrays):
@@ -13,16 +11,8 @@ def save_samples(path, spec, **arrays):
     np.savez(path, mean=np.array(spec.mean), std=np.array(spec.std), scale=spec.scale, classes=spec.outputs, **arrays)
 
 
-def torch_lines(python, script, *args):
+def torch_lines(python, script, *args, seconds=0):
     """The stdout lines of ``python script args...`` as they come; UserError naming
-    ``torch_python`` with the script's last line if it fails."""
-    try:
-        proc = subprocess.Popen([python, script, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    except OSError as e:
-        raise UserError(f"`torch_python` {python}: {e.strerror}") from None
-    with proc:
-        yield from proc.stdout
-        errors = proc.stderr.read()
-    if proc.returncode:
-        raise UserError(f"`torch_python` {python}: {(errors.strip() or 'failed').splitlines()[-1]}")
+    ``torch_python`` with the script's last line if it fails; DeadlineError past
+    ``seconds`` (bench --timeout)."""
+    return lines([python, script, *map(str, args)], f"`torch_python` {python}", seconds)

@@ -11,7 +11,6 @@ variants and its K=1 on one engine worker too).
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 from ...core.loop.callbacks import save_figure, subplots
@@ -21,6 +20,7 @@ from ...core.platform.files import write_json
 from ...models.member_stack import ensemble_variables
 from ..config import RunConfig
 from ..sweep import member_count
+from . import children
 from .timing import TIMES, figure, text_table
 
 PROCESS_WIDE = ("dtype", "omp_threads", "engine_threads", "pipeline")
@@ -81,8 +81,8 @@ def child_report(parser, args, what, **values):
     ``args`` (``out`` among them) and return its ``bench.json``; a failed child is a
     UserError naming ``what`` and the child's last line."""
     argv = child_argv(parser, args, **values)
-    proc = subprocess.run([sys.executable, "-m", "gluon_gpu.bench"] + argv, capture_output=True, text=True,
-                          env={**os.environ, **start_variables(parser.parse_args(argv))})
+    proc = children.run([sys.executable, "-m", "gluon_gpu.bench"] + argv, f"the {what} benchmark", args.timeout,
+                        env={**os.environ, **start_variables(parser.parse_args(argv))})
     if proc.returncode:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise UserError(f"the {what} benchmark failed: {last}")

@@ -1,0 +1,50 @@
+"""The benchmark's child processes (a training job, a variant's or an engine group's
+bench, PyTorch's loop), each stopped past ``bench --timeout`` seconds: no benchmark
+waits forever on a child that hangs."""
+import subprocess
+import threading
+
+from ...core.platform.errors import DeadlineError, UserError
+
+TIMEOUT_SECONDS = 3 * 3600  # bench --timeout's default: far above the longest row (PyTorch's float32 loop)
+
+
+def run(cmd, what, seconds, **kwargs):
+    """``subprocess.run(cmd)``, its output captured as text; DeadlineError naming ``what``
+    past ``seconds`` (0: no deadline)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=seconds or None, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise DeadlineError(_overran(what, seconds)) from None
+
+
+def lines(cmd, what, seconds):
+    """The stdout lines of ``cmd`` as they come; UserError naming ``what`` with its last
+    line if it fails; DeadlineError past ``seconds`` (0: no deadline)."""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
+        raise UserError(f"{what}: {e.strerror}") from None
+    expired = threading.Event()
+
+    def expire():
+        expired.set()
+        proc.kill()
+    timer = threading.Timer(seconds, expire) if seconds else None
+    with proc:
+        if timer:
+            timer.start()
+        try:
+            yield from proc.stdout
+            errors = proc.stderr.read()
+        finally:
+            if timer:
+                timer.cancel()
+    if expired.is_set():
+        raise DeadlineError(_overran(what, seconds))
+    if proc.returncode:
+        raise UserError(f"{what}: {(errors.strip() or 'failed').splitlines()[-1]}")
+
+
+def _overran(what, seconds):
+    return f"{what} ran past --timeout {seconds} s and was stopped (--timeout 0: no limit)"

@@ -1,0 +1,55 @@
+"""Every child process of the benchmark has a deadline (issue #53): `bench --timeout`
+stops one that runs past it, in one line, exit 1, and leaves no process behind."""
+import os
+import sys
+
+import pytest
+
+from gluon_gpu.core.platform.errors import DeadlineError, UserError
+from gluon_gpu.programs.bench import children
+from gluon_gpu.programs.bench import program as bench
+
+from failure_table import table_exit
+
+SLOW = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(600)"]
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return not f.read().split(") ")[1].startswith("Z")
+
+
+def test_a_child_past_its_deadline_is_stopped_in_one_error():
+    with pytest.raises(DeadlineError, match=r"^the slow child ran past --timeout 2 s and was stopped"):
+        children.run(SLOW, "the slow child", 2)
+
+
+def test_a_streamed_child_yields_its_lines_then_is_stopped_at_its_deadline():
+    got = []
+    with pytest.raises(DeadlineError, match="^the slow loop ran past --timeout 2 s"):
+        for line in children.lines(SLOW, "the slow loop", 2):
+            got.append(line.strip())
+    assert got == ["started"]
+
+
+def test_a_streamed_child_that_fails_names_itself_and_its_last_line():
+    with pytest.raises(UserError, match="^the bad loop: ValueError: no$"):
+        list(children.lines([sys.executable, "-c", "raise ValueError('no')"], "the bad loop", 60))
+
+
+def test_no_deadline_with_timeout_zero():
+    done = children.run([sys.executable, "-c", "print('done')"], "a child", 0)
+    assert done.stdout == "done\n"
+
+
+def test_bench_stops_a_training_job_past_its_timeout(tmp_path, capsys):
+    code = bench.main(["--devices", "cpu", "--workers", "1", "--epochs", "50", "--limit", "6400",
+                       "--timeout", "3", "--out", str(tmp_path / "bench"), "--quiet"])
+    assert table_exit("a child process of the benchmark outlives `--timeout`", code)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("gluon_gpu.bench: error: the one-process training job ran past --timeout 3 s and was stopped "
+                       "(--timeout 0: no limit)")
