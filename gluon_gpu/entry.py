@@ -5,7 +5,7 @@ are fitted to a CPU quota, and a Ctrl-C while it is imported is one line, as lat
 import importlib
 import sys
 
-from .core.platform import environment, signals  # import no MXNet
+from .core.platform import environment, pools, signals  # import no MXNet
 
 
 def program(name, path=None):
@@ -18,6 +18,7 @@ def program(name, path=None):
             print(f"gluon_gpu: error: {found}", file=sys.stderr)
             return 2
         environment.fit_threads_to_cpu_quota()
+        pools.sweep_temp_dirs()  # the temporaries of a program killed before it could
         try:
             module = importlib.import_module(f"{__package__}.programs.{path or name}")
         except KeyboardInterrupt:

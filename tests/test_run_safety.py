@@ -436,3 +436,33 @@ def test_a_reader_that_goes_away_does_not_end_the_run(tmp_path):
     assert "Traceback" not in err and "BrokenPipe" not in err, err
     assert read_metrics(out)["status"] == "finished"
     assert "best: epoch" in open(os.path.join(out, "train.log")).read().splitlines()[-1]
+
+
+def test_every_program_removes_the_temporaries_of_a_killed_one(tmp_path):
+    """A program killed by SIGKILL (a bench's scratch runs, a loader's sockets) leaves its
+    TMPDIR/gluon_gpu-PID behind; the next program of any kind removes it at its start,
+    and leaves a live process's alone."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{pools.TEMP_PREFIX}{gone.pid}"
+    (dead / "scratch").mkdir(parents=True)
+    live = tmp_path / f"{pools.TEMP_PREFIX}{os.getpid()}"
+    live.mkdir()
+    done = subprocess.run([sys.executable, "-m", "gluon_gpu.evaluate", "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert not dead.exists() and live.exists()
+
+
+def test_the_bench_s_scratch_runs_live_in_its_own_temporary_folder():
+    probe = ("import os, tempfile\nfrom gluon_gpu.core.platform.pools import process_temp_dir\n"
+             "with tempfile.TemporaryDirectory(dir=process_temp_dir()) as d:\n"
+             "    open(os.path.join(d, 'f'), 'w').close()\n    print(process_temp_dir())\n")
+    tmp = tempfile.mkdtemp(prefix="scratch-", dir="/tmp")  # short: worker sockets fit under it
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": REPO, "TMPDIR": tmp})
+        assert done.stdout.strip().startswith(os.path.join(tmp, pools.TEMP_PREFIX)), done.stderr
+        assert os.listdir(tmp) == []  # removed at exit, folder and all
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -138,23 +138,45 @@ def _end(pool):
 def own_temp_dir():
     """multiprocessing's temporary directory (``pymp-*``: sockets through which workers
     hand over shared memory), made before the workers, which inherit it (made by each,
-    stopped at exit, they left theirs behind), inside ``TMPDIR/gluon_gpu-PID``.
-    multiprocessing removes it at exit and this its folder; after a SIGKILL nothing runs,
-    so each process first removes the folders of processes that are gone."""
-    base = _socket_base(tempfile.gettempdir())
-    for name in os.listdir(base):
-        pid = name[len(TEMP_PREFIX):]
-        if name.startswith(TEMP_PREFIX) and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-    folder = os.path.join(base, f"{TEMP_PREFIX}{os.getpid()}")
-    os.makedirs(folder, exist_ok=True)
+    stopped at exit, they left theirs behind), inside :func:`process_temp_dir`."""
+    folder = process_temp_dir()
     saved, tempfile.tempdir = tempfile.tempdir, folder
     try:
         multiprocessing.util.get_temp_dir()
     finally:
         tempfile.tempdir = saved
-    multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-101)  # after pymp-*
     return folder
+
+
+_FOLDERS = {}  # pid -> its folder (a forked child makes its own)
+
+
+def process_temp_dir():
+    """This process's temporary folder, ``TMPDIR/gluon_gpu-PID`` (``/tmp`` where worker
+    sockets would not fit in TMPDIR), for whatever it makes there (worker sockets, the
+    benchmark's scratch runs), removed at exit after multiprocessing's ``pymp-*``; after
+    a SIGKILL nothing runs, so the next program removes it (:func:`sweep_temp_dirs`)."""
+    if os.getpid() not in _FOLDERS:
+        sweep_temp_dirs()
+        folder = os.path.join(_socket_base(tempfile.gettempdir()), f"{TEMP_PREFIX}{os.getpid()}")
+        os.makedirs(folder, exist_ok=True)
+        multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-101)
+        _FOLDERS[os.getpid()] = folder
+    return _FOLDERS[os.getpid()]
+
+
+def sweep_temp_dirs():
+    """Remove the temporary folders of gluon_gpu processes that are gone (killed before
+    they could): every program does at its start (entry.py)."""
+    for base in {tempfile.gettempdir(), "/tmp"}:
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            pid = name[len(TEMP_PREFIX):]
+            if name.startswith(TEMP_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 def _socket_base(base):

@@ -21,6 +21,7 @@ from ...core.platform.devices import parse_devices
 from ...core.platform.environment import cpu_flags
 from ...core.platform.errors import UserError
 from ...core.platform.files import write_json
+from ...core.platform.pools import process_temp_dir
 from ...core.step.precision import has_bfloat16
 from .. import tutorial_loop
 from ..config import RunConfig
@@ -86,7 +87,7 @@ def pytorch(args, config, data, bar):
     network and recipe in ``--torch-python``, in float32 and (on a CPU with bfloat16
     instructions) under bfloat16 autocast; and :data:`STANDARD` at the CPU's best precision."""
     precisions = ("float32", "bfloat16") if has_bfloat16(cpu_flags()) else ("float32",)
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory(dir=process_temp_dir()) as scratch:
         samples = os.path.join(scratch, "samples.npz")
         save_samples(samples, data.spec, train_x=data.train_x, train_y=data.train_y, val_x=data.val_x,
                      val_y=data.val_y)

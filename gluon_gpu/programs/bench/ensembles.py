@@ -26,6 +26,7 @@ from tqdm import tqdm
 from ...core.loop.callbacks import save_figure, subplots
 from ...core.platform.devices import parse_devices, thread_settings
 from ...core.platform.files import write_json
+from ...core.platform.pools import process_temp_dir
 from ...data import load_dataset
 from ...models.init import ensemble_engine_workers, ensemble_layout
 from ...models.zoo import model_for
@@ -69,7 +70,7 @@ def time_single(args, parser, bar, data):
     if parse_devices(spec)[0].device_type != "cpu" or thread_settings()["engine_threads"] == 1:
         runs, info = time_ours(args, spec, bar, data)
         return summarize(f"{spec} K=1", runs, info["samples"], info["devices"])
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory(dir=process_temp_dir()) as out:
         report = child_report(parser, args, "K=1", devices=[spec], ensemble=None, engine_threads=[1],
                               baseline="none", out=out, quiet=True)
     bar.update(args.epochs * args.repeats)
@@ -79,7 +80,7 @@ def time_single(args, parser, bar, data):
 def time_in_child(args, parser, bar, spec, asked, sizes, workers):
     """Ensembles the trainer starts with more engine workers than this process has: a
     child bench with that many times them, each against its own K=1 on one worker."""
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory(dir=process_temp_dir()) as out:
         report = child_report(parser, args, f"{spec} {asked} ensemble", devices=[spec], ensemble_layout=[asked],
                               ensemble=sizes, engine_threads=[workers], baseline="none", out=out, quiet=True)
     bar.update(2 * len(sizes) * args.epochs * args.repeats)

@@ -25,6 +25,7 @@ from ...core.loop.callbacks import save_figure, subplots
 from ...core.platform.devices import parse_devices, thread_settings
 from ...core.platform.errors import UserError
 from ...core.platform.files import write_json
+from ...core.platform.pools import process_temp_dir
 from ...core.step.heads import head_for
 from ...core.step.precision import cpu_flags, has_bfloat16
 from ...data.sources import sample_batches
@@ -95,7 +96,7 @@ def time_engines(args, engines):
             net = inference_model(path, spec, mode, x[:bs], calibration=data.train_x[:CALIBRATION], log=True)
             rows.append(_timed(mode, what, args.repeats, lambda net=net: evaluate_inference(net, head, x, y, bs,
                                                                                              spec.dtype)))
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory(dir=process_temp_dir()) as scratch:
         if "onnxruntime" in engines:
             export(path, os.path.join(scratch, "served"), spec, x[:256], chosen=("onnx",))
             rows.append(_timed("onnxruntime", "onnxruntime on the exported ONNX file", args.repeats,
