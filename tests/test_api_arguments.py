@@ -10,6 +10,8 @@ import pytest
 from mxnet import gluon, nd
 
 from gluon_gpu import Batch, DataParallel
+from gluon_gpu.core.loop.callbacks import Callback
+from gluon_gpu.core.loop.fit import fit
 from gluon_gpu.core.step.heads import Classification, Head
 
 from failure_table import table_exit
@@ -120,3 +122,16 @@ def test_augmentation_for_a_data_parallel_without_augment_is_refused():
     dp = DataParallel(dense(), CPU2, "sgd", {"learning_rate": 0.1}, head=Classification(3))
     with pytest.raises(ValueError, match="augmentation: parameters for a DataParallel made without `augment`"):
         dp.step(np.zeros((8, 4)), np.zeros(8), augmentation=np.zeros((8, 3)))
+
+
+@pytest.mark.parametrize("callbacks,message", [
+    (Callback, "callbacks: a list of Callback objects, got type"),
+    ([Callback], r"callbacks: each a Callback object .*, got the class Callback \(an object of it is wanted\)"),
+    ([print], "callbacks: each a Callback object .*, got builtin_function_or_method")])
+def test_callbacks_are_callback_objects_or_one_error_before_any_step(callbacks, message):
+    net = dense()
+    before = net[0].weight.data(mx.cpu(0)).asnumpy().copy()
+    dp = DataParallel(net, CPU2, "sgd", {"learning_rate": 0.1}, head=Classification(3))
+    with pytest.raises(TypeError, match=message):
+        fit(dp, [(np.zeros((8, 4)), np.zeros(8))], [], 1, callbacks=callbacks)
+    assert np.array_equal(net[0].weight.data(mx.cpu(0)).asnumpy(), before)

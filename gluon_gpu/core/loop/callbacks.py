@@ -64,6 +64,18 @@ class Callback:
         return getattr(cls, hook) is not getattr(Callback, hook)
 
 
+def check_callbacks(callbacks):
+    """``callbacks`` as a list of Callback objects (a class given for an object, a plain
+    function: one TypeError before any step, not an AttributeError after an epoch)."""
+    if not isinstance(callbacks, (list, tuple)):
+        raise TypeError(f"callbacks: a list of Callback objects, got {type(callbacks).__name__}")
+    for cb in callbacks:
+        if not isinstance(cb, Callback):
+            what = f"the class {cb.__name__} (an object of it is wanted)" if isinstance(cb, type) else \
+                type(cb).__name__
+            raise TypeError(f"callbacks: each a Callback object (a subclass of gluon_gpu's Callback), got {what}")
+
+
 class EpochPrinter(Callback):
     def __init__(self, epochs, write=print):
         self.epochs, self.write = epochs, write

@@ -7,6 +7,7 @@ from tqdm import tqdm
 
 from ..platform.errors import DivergedError, ProcessDied
 from ..step.metrics import MAX_PENDING
+from .callbacks import check_callbacks
 
 
 class Interrupted(Exception):
@@ -155,6 +156,7 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
     a caller still has them when an epoch ends in Interrupted or DivergedError), which
     is also returned.
     """
+    check_callbacks(callbacks)
     history = [] if history is None else history
     dp.agree_stopped_members()  # members spread over the workers: which ones a resumed sweep pruned
     for epoch in range(start_epoch, epochs):
