@@ -145,6 +145,57 @@ def test_no_generated_page_is_older_than_this_minor_version():
     assert stale == {}, f"regenerate with `make pages` (scripts/pages.py): {stale}"
 
 
+SECTION = re.compile(r"<!-- (\S+):start.*?-->(.*?)<!-- \1:end -->", re.S)
+FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:x| s\b| MiB\b|%)|(?<![\w.])(0\.\d{3,4})(?!\d)")
+
+
+def unfound_figures(readme, page_texts):
+    """``{section: [figure...]}``: the README's figures (ratios, seconds, MiB, percentages,
+    accuracies) in each generated section that cites a page, which that page does not
+    hold at the README's precision (one unit of its last digit either way: the README
+    rounds what the page tabulates)."""
+    missing = {}
+    for name, body in SECTION.findall(readme):
+        for page, text in page_texts.items():
+            if page not in body:
+                continue
+            numbers = [float(n) for n in re.findall(r"(?<![\w.])\d+(?:\.\d+)?", text)]
+            for match in FIGURE.finditer(body):
+                figure = match[1] or match[2]
+                digits = len(figure.partition(".")[2])
+                if not any(abs(round(v, digits) - float(figure)) <= 1.0001 * 10 ** -digits for v in numbers):
+                    missing.setdefault(name, []).append(figure)
+    return missing
+
+
+def generated_pages():
+    from pages import PAGES as GENERATED
+    texts = {}
+    for _, page in GENERATED.values():
+        if page != "README.md":
+            with open(os.path.join(REPO, page)) as f:
+                texts[page] = f.read()
+    return texts
+
+
+def test_every_figure_of_the_readme_is_on_the_generated_page_it_cites():
+    """The README's measured sections are copies: a figure that its page does not hold
+    was typed, or outlived a regenerated page."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    assert len(SECTION.findall(readme)) >= 6
+    assert unfound_figures(readme, generated_pages()) == {}, "regenerate with `make pages` (scripts/pages.py)"
+
+
+def test_the_figure_check_finds_a_planted_stale_figure():
+    page = {"docs/speedrun.md": "| gluon_gpu | 10 | 518.7 | 0.9410 |\n| PyTorch | 18 | 1151.1 | 2.22x |"}
+    section = "<!-- speedrun:start -->\n{} in [docs/speedrun.md](docs/speedrun.md): **{} s**, {} s ({}x)\n" \
+              "<!-- speedrun:end -->"
+    assert unfound_figures(section.format("0.9410", 519, 1151, "2.22"), page) == {}
+    assert unfound_figures(section.format("0.9410", 531, 1151, "2.22"), page) == {"speedrun": ["531"]}
+    assert unfound_figures(section.format("0.9391", 519, 1151, "2.5"), page) == {"speedrun": ["0.9391", "2.5"]}
+
+
 def test_the_readme_is_a_front_door():
     with open(os.path.join(REPO, "README.md")) as f:
         assert len(f.read().splitlines()) <= 250
