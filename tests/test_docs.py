@@ -159,11 +159,12 @@ def unfound_figures(readme, page_texts):
         for page, text in page_texts.items():
             if page not in body:
                 continue
-            numbers = [float(n) for n in re.findall(r"(?<![\w.])\d+(?:\.\d+)?", text)]
+            numbers = re.findall(r"(?<![\w.])(\d+(?:\.\d+)?)(x?)", text)
             for match in FIGURE.finditer(body):
-                figure = match[1] or match[2]
+                figure, ratio = match[1] or match[2], match[0].endswith("x")
                 digits = len(figure.partition(".")[2])
-                if not any(abs(round(v, digits) - float(figure)) <= 1.0001 * 10 ** -digits for v in numbers):
+                if not any(abs(round(float(v), digits) - float(figure)) <= 1.0001 * 10 ** -digits
+                           for v, x in numbers if bool(x) == ratio or not ratio):
                     missing.setdefault(name, []).append(figure)
     return missing
 
