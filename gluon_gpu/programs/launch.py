@@ -38,19 +38,24 @@ from typing import NamedTuple, Optional
 from ..core.platform.environment import PROCESSES_PER_CORE, slurm_problem, usable_cpus
 from ..core.platform.errors import UserError
 from ..core.platform.signals import STOP_SIGNALS
+from ..core.platform.optional import require_horovod
 from . import remote_role
 from .cli import Parser, main_guard, non_negative_int, positive_int
 
 JOB_ENV = "GLUON_GPU_JOB"  # marks every process of a job (tests look for leftovers by it)
 RESTART_ENV = "GLUON_GPU_RESTART"  # the restart's number, for the workers (programs/train.py)
 SESSION_SECONDS = 2  # for a remote role's session (ssh, srun) to end after its control line
+ENGINES = ("ps-lite", "horovod")
 
 
 def build_parser():
     p = Parser("launch", description=__doc__)
     p.add_argument("-n", "--num-workers", type=positive_int, default=None,
                    help="workers (required, but in a Slurm allocation: its task count, SLURM_NTASKS)")
-    p.add_argument("-s", "--num-servers", type=positive_int, default=1)
+    p.add_argument("-s", "--num-servers", type=positive_int, default=None, help="ps-lite's servers (default: 1)")
+    p.add_argument("--engine", choices=ENGINES, default="ps-lite",
+                   help="ps-lite: a scheduler, servers and workers (the workers' --kvstore dist_sync); horovod: "
+                        "Horovod's launcher over Gloo, allreduce among the workers (their --kvstore horovod)")
     p.add_argument("--hostfile", help="one host per line ([user@]host[:ssh-port]); default: all local")
     p.add_argument("--scheduler-host", default=None,
                    help="address the other hosts reach this machine's scheduler at (default: in a Slurm "
@@ -241,6 +246,16 @@ def srun_command(node, env, cmd, cwd, python, _ssh_config=None):
             "--kill-on-bad-exit=1", "env"] + exports + [python, "-c", remote_role.SOURCE] + list(cmd)
 
 
+def horovod_plan(args, job, restart=0):
+    """The one process of a Horovod job: Horovod's launcher (programs/horovod_run.py),
+    which starts the ``-n`` workers here over Gloo and gives them ``--grace`` seconds
+    between SIGTERM and SIGKILL."""
+    require_horovod("--engine horovod")
+    argv = [args.python, "-m", "gluon_gpu.programs.horovod_run", str(args.grace), "-np", str(args.num_workers),
+            "-H", f"localhost:{args.num_workers}", "--gloo", *args.command]
+    return [("worker", 0, None, argv, {JOB_ENV: job, **({RESTART_ENV: str(restart)} if restart else {})})]
+
+
 class CannotStart(Exception):
     """A process of the job could not be started; the message says which and why."""
 
@@ -406,6 +421,21 @@ def placement(args):
     return placed
 
 
+def check_engine(args):
+    """The flags each engine takes: a Horovod job has no servers, scheduler or port, and
+    (so far) runs on this host; ps-lite's servers default to one."""
+    if args.engine == "ps-lite":
+        args.num_servers = args.num_servers or 1
+        return
+    given = [flag for flag, value in (("-s/--num-servers", args.num_servers), ("--port", args.port),
+                                      ("--scheduler-host", args.scheduler_host), ("--hostfile", args.hostfile),
+                                      ("--slurm", args.slurm)) if value]
+    if given:
+        raise UserError(f"{given[0]}: not with --engine horovod (Horovod's launcher runs the workers here, "
+                        "with no servers)")
+    args.num_servers, args.slurm = 0, False
+
+
 def check_process_counts(args, hosts):
     """Refuse more workers and servers than ``hosts`` hosts run well: PROCESSES_PER_CORE
     a usable CPU of this one each (more only thrash them, and a typo of a million started
@@ -453,6 +483,7 @@ def main(argv=None):
         args.command = args.command[1:]
     if not args.command:
         raise UserError("no worker command: put it after --")
+    check_engine(args)
     placed = placement(args)
     if args.port:
         check_port(args.port)
@@ -467,8 +498,10 @@ def main(argv=None):
                   "resume from the newest complete checkpoint", file=sys.stderr, flush=True)
             placed = after_a_failure(args, placed)
         try:
-            job = Job(plan(args, job_id, args.port or free_port(), placed.hosts, restart=restart + placed.requeued,
-                           gpu_sharers=placed.gpu_sharers), args.grace, args.slurm)
+            procs = horovod_plan(args, job_id, restart) if args.engine == "horovod" else \
+                plan(args, job_id, args.port or free_port(), placed.hosts, restart=restart + placed.requeued,
+                     gpu_sharers=placed.gpu_sharers)
+            job = Job(procs, args.grace, args.slurm)
         except CannotStart as e:
             print(f"gluon_gpu.launch: error: {e}", file=sys.stderr)
             return 2

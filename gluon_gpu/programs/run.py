@@ -10,7 +10,7 @@ from ..core.loop.ema import WeightAverage
 from ..core.platform.devices import default_workers
 from ..core.platform.errors import UserError
 from ..core.step.heads import head_for
-from ..core.step.kvstores import check_options, create_store
+from ..core.step.kvstores import check_options, create_store, is_distributed
 from ..core.step.parallel import DataParallel
 from ..core.step.precision import check_precision, precision_for
 from ..core.step.tta import check_tta, parse_tta
@@ -66,7 +66,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     if model is None:
         config = replace(config, model=model_for(config.model, spec.input_shape))
     check_tta(parse_tta(config.tta), spec.input_shape, spec.task)
-    store = create_store(config.kvstore) if config.kvstore and config.kvstore.startswith("dist") else None
+    store = create_store(config.kvstore) if is_distributed(config.kvstore) else None
     spread = spread_over(store, members, config.ensemble_layout)
     shard = (store.rank, store.num_workers) if store and not spread else (0, 1)
     net = _network(config, ctx, model, data, spec, sweep, spread)

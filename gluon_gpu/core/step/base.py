@@ -12,7 +12,7 @@ from .coordination import Workers
 from .gradients import Gradients
 from .graph import make_step_graph
 from .heads import as_heads
-from .kvstores import check_exchange, create_store, default_kvstore
+from .kvstores import check_exchange, create_store, default_kvstore, is_distributed
 from .members import member_count, trainer_for
 from .metrics import DeviceSums, report
 from .params import place
@@ -68,10 +68,10 @@ class Step:  # pylint: disable=too-many-instance-attributes
         self.inputs = TrainingInputs(augment, mixing, self.members > 1, self.owner is not None)
         self.tta = tta_for(tta, self.head, self.members)
         self._prepare(initializer or mx.init.Xavier(), accumulate)
-        store = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
+        store = kvstore if isinstance(kvstore, mx.kv.KVStoreBase) else None
         kvstore = store.type if store else (kvstore or default_kvstore(self.ctx))
         check_exchange(self.ctx, kvstore, self.owner is not None, clip_grad, exchange)
-        self.distributed = kvstore.startswith("dist")
+        self.distributed = is_distributed(kvstore)
         self._workers = Workers((store or create_store(kvstore)) if self.distributed else None)
         self.rank, self.num_workers = self._workers.rank, self._workers.count
         self.bucketing = exchange and not self.distributed and self._can_bucket(bucket_bytes)

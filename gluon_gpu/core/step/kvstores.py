@@ -9,8 +9,15 @@ import mxnet as mx
 
 from ..platform.environment import resolves
 from ..platform.errors import UserError
+from ..platform.optional import require_horovod
+from .horovod_store import HorovodStore
 
-KVSTORES = ("device", "local", "nccl", "dist_sync", "dist_device_sync", "dist_async")
+KVSTORES = ("device", "local", "nccl", "dist_sync", "dist_device_sync", "dist_async", "horovod")
+
+
+def is_distributed(kvstore):
+    """Whether ``kvstore`` names a job of several processes: ps-lite's (``dist_*``) or Horovod's."""
+    return bool(kvstore) and (kvstore.startswith("dist") or kvstore == "horovod")
 
 
 def default_kvstore(ctx):
@@ -29,6 +36,8 @@ def check_options(ctx, kvstore=None):
         if not mx.runtime.Features().is_enabled("NCCL"):
             raise UserError("kvstore nccl needs an MXNet build with NCCL; this one has none "
                             "(use `kvstore` device)")
+    if kvstore == "horovod":
+        require_horovod("`kvstore` horovod")
     if kvstore is not None and kvstore.startswith("dist"):
         if "DMLC_ROLE" not in os.environ:
             raise UserError(f"kvstore {kvstore} needs the DMLC_* environment of a distributed "
@@ -43,6 +52,8 @@ def create_store(kind):
     with no word, until the scheduler admits every role of the job. Past
     GLUON_GPU_CONNECT_TIMEOUT seconds (default CONNECT_SECONDS) one line names the
     scheduler's address and the process ends with status 1."""
+    if kind == "horovod":
+        return HorovodStore()
     if not kind.startswith("dist"):
         return mx.kv.create(kind)
     seconds = int(os.environ.get("GLUON_GPU_CONNECT_TIMEOUT") or CONNECT_SECONDS)  # checked: environment.py
@@ -102,7 +113,7 @@ def check_exchange(ctx, kvstore, placed=False, clip_grad=None, exchange=True):
     placed on their own devices (``placed``) where nothing is synchronous, no exchange at
     all in a distributed job, clipping where the servers update (dist_async)."""
     check_options(ctx, kvstore)
-    distributed = kvstore.startswith("dist")
+    distributed = is_distributed(kvstore)
     if placed and kvstore == "dist_async":
         raise UserError("members spread over workers share their parameters at agreed steps: use `kvstore` "
                         "dist_sync, not dist_async")

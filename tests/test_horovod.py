@@ -1,0 +1,122 @@
+"""Horovod's allreduce as the second engine (issue #55): `gluon-gpu-launch --engine
+horovod` runs Horovod's own launcher over Gloo on this host, the workers train with
+`--kvstore horovod`, and a job equals one process with the global batch, stops on
+SIGTERM with a checkpoint and resumes exactly, on as many workers or on one."""
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from gluon_gpu.core.platform.optional import require_horovod
+from gluon_gpu.core.platform.errors import UserError
+from gluon_gpu.programs import train
+
+from conftest import read_metrics
+from failure_table import table_exit
+from test_distributed import (REPO, assert_same_params, checkpoint_exists, job_processes, params, run_launch,
+                              wait_until)
+
+try:
+    require_horovod("these tests")
+    HOROVOD = None
+except UserError as e:
+    HOROVOD = str(e)
+pytestmark = pytest.mark.skipif(HOROVOD is not None, reason=HOROVOD or "")
+
+TRAIN = [sys.executable, "-m", "gluon_gpu.train", "--kvstore", "horovod", "--devices", "cpu", "--quiet",
+         "--limit", "6400", "--batch-size", "64"]
+LONG = TRAIN[:-4] + ["--limit", "12800", "--batch-size", "64", "--epochs", "3"]  # 100 steps an epoch
+
+
+def horovod_job(workers, command, job=None, **kw):
+    return run_launch(["--engine", "horovod", "-n", str(workers), "--grace", "120", "--"] + command,
+                      job or uuid.uuid4().hex, **kw)
+
+
+def test_two_horovod_workers_equal_one_process_with_the_global_batch(tmp_path):
+    """Worker r trains the r-th slice of each global batch, its gradients summed with the
+    other's by allreduce: 2 workers x 64 end where one process on 2 devices with 128 ends."""
+    job = str(tmp_path / "job")
+    proc = horovod_job(2, TRAIN + ["--epochs", "1", "--out", job])
+    printed, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "kvstore horovod" in printed and "(2 workers)" in printed
+    single = str(tmp_path / "single")
+    assert train.main(["--devices", "cpu*2", "--quiet", "--limit", "6400", "--batch-size", "128",
+                       "--epochs", "1", "--out", single]) == 0
+    assert_same_params(params(os.path.join(job, "net.params")), params(os.path.join(single, "net.params")))
+    assert read_metrics(job)["workers"] == 2 and read_metrics(job)["epochs"][0]["val_acc"] > 0.5
+
+
+@pytest.fixture(scope="module")
+def straight_horovod_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("straight") / "run")
+    proc = horovod_job(2, LONG + ["--out", out])
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return params(os.path.join(out, "net.params"))
+
+
+@pytest.fixture(scope="module")
+def stopped_horovod_run(tmp_path_factory):
+    """A 2-worker job stopped by SIGTERM to the launcher in epoch 2: (run folder, stderr,
+    exit status, the job's leftover processes)."""
+    out, job = str(tmp_path_factory.mktemp("stopped") / "run"), uuid.uuid4().hex
+    proc = horovod_job(2, LONG + ["--out", out, "--log-interval", "10"], job)
+    wait_until(lambda: checkpoint_exists(out, 1), proc, "the epoch-1 checkpoint")  # epoch 2 is under way
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)  # bounded by the grace
+    return out, err, proc.returncode, job_processes(job)
+
+
+def copied(run, tmp_path):
+    """A copy of the stopped run, to resume without changing it for the other tests."""
+    out = str(tmp_path / "run")
+    subprocess.run(["cp", "-r", run, out], check=True)
+    return out
+
+
+def test_sigterm_checkpoints_the_partial_epoch_and_the_resume_equals_a_straight_run(stopped_horovod_run,
+                                                                                     straight_horovod_run, tmp_path):
+    stopped, err, code, left = stopped_horovod_run
+    out = copied(stopped, tmp_path)
+    assert table_exit("SIGTERM / SIGINT to", code), err
+    assert "Traceback" not in err and left == []
+    assert len([l for l in err.splitlines() if "gluon_gpu.train: SIGTERM: stopped in epoch 2" in l]) == 1, err
+    newest = sorted(os.listdir(os.path.join(out, "checkpoints")))[-1]
+    assert newest.startswith("epoch-00001-batch-") and not newest.endswith("-0000000"), newest
+    resumed = horovod_job(2, LONG + ["--resume", out])
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert_same_params(params(os.path.join(out, "net.params")), straight_horovod_run)
+
+
+def test_a_horovod_run_resumes_on_one_worker(stopped_horovod_run, tmp_path):
+    """The checkpoint of 2 workers, mid-epoch, continued by one process (Horovod of size 1,
+    no launcher) at the same samples done: the run ends at epoch 3, every epoch once."""
+    out = copied(stopped_horovod_run[0], tmp_path)
+    newest = sorted(os.listdir(os.path.join(out, "checkpoints")))[-1]
+    batch = int(newest.rsplit("-", 1)[1])
+    done = subprocess.run(LONG + ["--resume", out], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    assert table_exit("`--resume` with another worker count", done.returncode), done.stderr
+    assert f"checkpoints/{newest} (epoch 2, batch {batch * 2 + 1})" in done.stdout, done.stdout
+    epochs = read_metrics(out)["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3] and [e.get("workers", 1) for e in epochs] == [2, 1, 1]
+    assert epochs[-1]["val_acc"] > 0.6
+
+
+def test_without_horovod_the_engine_and_the_kvstore_are_one_line_each(tmp_path):
+    hidden = tmp_path / "horovod"  # a package of that name that is not Horovod for MXNet
+    hidden.mkdir()
+    (hidden / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    for command in ([sys.executable, "-m", "gluon_gpu.launch", "--engine", "horovod", "-n", "2", "--", "true"],
+                    TRAIN + ["--epochs", "1", "--out", str(tmp_path / "run")]):
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+        assert table_exit("Horovod missing", done.returncode)
+        last = done.stderr.strip().splitlines()
+        assert len(last) == 1 and "needs Horovod built for MXNet, which this Python lacks: make horovod" in last[0]
