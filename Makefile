@@ -8,7 +8,7 @@ ARGS   ?=
 DATA   := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install data hosts train test check bench pages clean
+.PHONY: install data hosts horovod train test check bench pages clean
 
 install: $(VENV)/.installed
 
@@ -41,12 +41,28 @@ hosts:
 	  apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null; } \
 	  || echo "warning: could not install slurm-wlm and munge; the Slurm tests will be skipped" >&2
 
+# Horovod 0.28.1 with MXNet and Gloo (no MPI), for --kvstore horovod and launch --engine
+# horovod: built once per machine from its source against this MXNet (a C++ compiler and
+# cmake < 4, which pip brings; 10 to 20 minutes on 2 cores), the wheel kept in
+# HOROVOD_WHEELS and installed from there by every later venv.
+HOROVOD_WHEELS ?= $(HOME)/.cache/gluon_gpu/wheels
+HOROVOD_BUILD  := HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+                  HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 PATH="$(abspath $(VENV))/bin:$$PATH"
+horovod: install
+	@$(PY) -c 'import horovod.mxnet' 2>/dev/null || { \
+	  ls $(HOROVOD_WHEELS)/horovod-0.28.1-*.whl >/dev/null 2>&1 || { \
+	    echo "make: building Horovod 0.28.1 with MXNet and Gloo into $(HOROVOD_WHEELS), once (10 to 20 minutes on 2 cores)"; \
+	    $(PY) -m pip install --quiet wheel "cmake<4" && \
+	    $(HOROVOD_BUILD) $(PY) -m pip wheel --quiet --no-build-isolation --no-deps horovod==0.28.1 -w $(HOROVOD_WHEELS); } \
+	  && $(PY) -m pip install --quiet $(HOROVOD_WHEELS)/horovod-0.28.1-*.whl; } \
+	  || echo "warning: could not build Horovod; the Horovod tests will be skipped" >&2
+
 train: install data
 	$(PY) -m gluon_gpu.train $(ARGS)
 
 # Two pytest workers, a test file each at a time (module fixtures stay in one process):
 # most tests wait on process start-up, so the suite takes about 60% of its serial time.
-test: install data hosts
+test: install data hosts horovod
 	$(PY) -m pytest -n 2 --dist loadfile --durations 15
 
 # A quick subset (tests marked quick in tests/conftest.py), under 2 minutes: for local work.

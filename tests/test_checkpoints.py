@@ -300,3 +300,31 @@ def assert_loadable(out, first_epoch=1):
     assert set(mx.nd.load(os.path.join(directory, "net.params"))) >= {"0.weight", "6.bias"}
     with open(os.path.join(directory, "state.json")) as f:
         assert json.load(f)["complete"] is True
+
+
+def test_a_kill_while_an_old_checkpoint_is_pruned_leaves_no_checkpoint_missing_a_file(tmp_path, monkeypatch):
+    """Pruning deleted an old checkpoint in place: a kill inside the deletion (seen in an
+    elastic Horovod job whose rank 0 was killed) left a checkpoint missing files, which
+    every later resume skipped with a line and nothing removed. Renamed first, what a
+    kill leaves is a temporary, which the next save removes."""
+    from gluon_gpu import DataParallel
+    from gluon_gpu.core.state import checkpoint
+    net = mx.gluon.nn.Dense(3, in_units=4)
+    net.initialize(ctx=[mx.cpu(0)])
+    dp = DataParallel(net, [mx.cpu(0)], "sgd", {"learning_rate": 0.1})
+    def state(batch):
+        return {"epoch": 0, "batch": batch, "seconds": 0.0, "metrics": {}, "history": [], "config": {}}
+    for batch in (1, 2):
+        checkpoint.save_checkpoint(str(tmp_path), dp, state(batch), keep=1)
+
+    def killed(path, ignore_errors=False):  # one file deleted, then the process is gone
+        os.remove(os.path.join(path, sorted(os.listdir(path))[0]))
+        raise SystemExit("killed")
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed)
+    with pytest.raises(SystemExit):
+        checkpoint.save_checkpoint(str(tmp_path), dp, state(3), keep=1)
+    monkeypatch.undo()
+    root = tmp_path / "checkpoints"
+    assert sorted(os.listdir(root)) == [".epoch-00000-batch-0000002.pruned", "epoch-00000-batch-0000003"]
+    checkpoint.save_checkpoint(str(tmp_path), dp, state(4), keep=1)
+    assert sorted(os.listdir(root)) == ["epoch-00000-batch-0000004"]

@@ -28,7 +28,7 @@ def test_the_average_moves_after_each_update_only_by_its_definition(train_slice)
     want = param_arrays(dp.net)
     for i, batch in enumerate(DevicePipeline(x, y, 64, TWO, shuffle=False).epoch(0), 1):
         dp.step(*batch, return_loss=False)
-        average.on_step()
+        average.on_step(0, i)
         if i % 2 == 0:  # an update every second batch
             want = {k: 0.8 * want[k] + 0.2 * v for k, v in param_arrays(dp.net).items()}
     got = {k: v.asnumpy() for k, v in average.arrays().items()}

@@ -169,6 +169,9 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     log_interval: int = _flag(50, "batches between loss reads", True, type=positive_int)
     save_period: int = _flag(1, "epochs between checkpoints", True, type=positive_int)
     keep: int = _flag(3, "checkpoints kept", True, type=positive_int)
+    commit_steps: int = _flag(0, "an elastic Horovod job (launch --elastic) commits its state, a checkpoint, every N "
+                              "steps and at each epoch's end: what a reset goes back to (0: epoch ends only)", True,
+                              type=non_negative_int, metavar="N")
     monitor: str = _flag("auto", "the validation figure best.params and --early-stop follow (auto: val-acc "
                          "when classifying, val-mse when regressing)", choices=MONITORS)
     early_stop: Optional[int] = _flag(None, "stop when --monitor has not improved for PATIENCE epochs", True,
@@ -203,7 +206,7 @@ GROUPS = {"data": ("dataset", "data_dir", "image_size", "task", "limit", "val_li
           "precision": ("dtype", "amp", "bfloat16_kernels"),
           "ensembles and sweeps": ("ensemble", "ensemble_layout", "sweep", "sweep_random", "prune", "prune_warmup"),
           "speed": ("pipeline", "loader_workers", "fused_conv", "omp_threads", "engine_threads"),
-          "checkpoints": ("out", "save_period", "keep", "monitor", "early_stop"),
+          "checkpoints": ("out", "save_period", "keep", "commit_steps", "monitor", "early_stop"),
           "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
 ALL_FLAGS = tuple(f.name for f in fields(RunConfig))

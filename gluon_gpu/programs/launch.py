@@ -56,6 +56,16 @@ def build_parser():
     p.add_argument("--engine", choices=ENGINES, default="ps-lite",
                    help="ps-lite: a scheduler, servers and workers (the workers' --kvstore dist_sync); horovod: "
                         "Horovod's launcher over Gloo, allreduce among the workers (their --kvstore horovod)")
+    p.add_argument("--elastic", action="store_true",
+                   help="--engine horovod: Horovod's elastic mode, workers lost or added as --host-discovery-script "
+                        "says, between --min-workers and --max-workers (the workers' --commit-steps)")
+    p.add_argument("--host-discovery-script", metavar="SCRIPT",
+                   help="--elastic: prints the hosts that may run workers now, one HOST:SLOTS a line (Horovod's)")
+    p.add_argument("--min-workers", type=positive_int, default=1, help="--elastic: the fewest workers to go on with")
+    p.add_argument("--max-workers", type=positive_int, default=None, help="--elastic: the most (default: -n)")
+    p.add_argument("--network-interface", default=None, metavar="IFACE",
+                   help="--engine horovod: the interface the workers talk over (default: Horovod's choice; lo for "
+                        "--elastic, whose hosts are this machine's)")
     p.add_argument("--hostfile", help="one host per line ([user@]host[:ssh-port]); default: all local")
     p.add_argument("--scheduler-host", default=None,
                    help="address the other hosts reach this machine's scheduler at (default: in a Slurm "
@@ -252,7 +262,14 @@ def horovod_plan(args, job, restart=0):
     between SIGTERM and SIGKILL."""
     require_horovod("--engine horovod")
     argv = [args.python, "-m", "gluon_gpu.programs.horovod_run", str(args.grace), "-np", str(args.num_workers),
-            "-H", f"localhost:{args.num_workers}", "--gloo", *args.command]
+            "--gloo"]
+    if args.elastic:
+        argv += ["--min-np", str(args.min_workers), "--max-np", str(args.max_workers or args.num_workers),
+                 "--host-discovery-script", os.path.abspath(args.host_discovery_script)]
+    else:
+        argv += ["-H", f"localhost:{args.num_workers}"]
+    nic = args.network_interface or ("lo" if args.elastic else None)
+    argv += (["--network-interface", nic] if nic else []) + args.command
     return [("worker", 0, None, argv, {JOB_ENV: job, **({RESTART_ENV: str(restart)} if restart else {})})]
 
 
@@ -424,9 +441,25 @@ def placement(args):
 def check_engine(args):
     """The flags each engine takes: a Horovod job has no servers, scheduler or port, and
     (so far) runs on this host; ps-lite's servers default to one."""
+    elastic = [flag for flag, value in (("--elastic", args.elastic), ("--host-discovery-script",
+                                                                     args.host_discovery_script),
+                                        ("--max-workers", args.max_workers)) if value]
     if args.engine == "ps-lite":
+        if elastic or args.network_interface:
+            raise UserError(f"{(elastic or ['--network-interface'])[0]}: only with --engine horovod")
         args.num_servers = args.num_servers or 1
         return
+    if args.elastic and not args.host_discovery_script:
+        raise UserError("--elastic needs --host-discovery-script: a script that prints the hosts that may run "
+                        "workers, one HOST:SLOTS a line")
+    if not args.elastic and elastic:
+        raise UserError(f"{elastic[0]}: only with --elastic")
+    if args.elastic and not os.access(args.host_discovery_script, os.X_OK):
+        raise UserError(f"--host-discovery-script {args.host_discovery_script}: not an executable file")
+    most = args.max_workers or args.num_workers
+    if args.elastic and not args.min_workers <= args.num_workers <= most:
+        raise UserError(f"-n {args.num_workers}: --elastic starts between --min-workers {args.min_workers} and "
+                        f"--max-workers {most}")
     given = [flag for flag, value in (("-s/--num-servers", args.num_servers), ("--port", args.port),
                                       ("--scheduler-host", args.scheduler_host), ("--hostfile", args.hostfile),
                                       ("--slurm", args.slurm)) if value]

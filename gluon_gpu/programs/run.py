@@ -268,6 +268,7 @@ IDLE_FLAGS = (
     ("bfloat16_kernels", "dtype", lambda c: c.dtype != "bfloat16", "it chooses the kernels of `dtype` bfloat16"),
     ("ensemble_layout", "ensemble", lambda c: c.ensemble == 1 and not c.sweep,
      "it lays out the members of an `ensemble` or a `sweep`"),
+    ("commit_steps", "kvstore", lambda c: c.kvstore != "horovod", "it is how often an elastic Horovod job commits"),
 )
 
 

@@ -6,6 +6,7 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import mxnet as mx
 
@@ -26,6 +27,7 @@ from ..models.member_stack import ensemble_variables
 from ..models.sync_bn import sync_bn_variables
 from .cli import Parser, as_flags, command, main_guard, progress_enabled
 from .config import RunConfig, add_flags
+from .elastic import ElasticCommit, is_elastic, run_elastic
 from .launch import RESTART_ENV
 from .plan import plan_line
 from .recipes import apply_recipe, recipe_table
@@ -115,6 +117,21 @@ def main(argv=None, restart=None):
         return 0
     config, state = _run_config(args, flags.typed_values())
     _thread_settings(args, config, restart=argv is None if restart is None else restart)
+    if not is_elastic(config):
+        return _run(args, config, state)
+    out = config.out if args.resume else prepare_out_dir(config.out)
+
+    def train_once(commits, resume):
+        if resume:  # after a reset: from the newest commit, as --resume with another worker count
+            args.resume = out
+            return _run(args, *resume_config(flags.typed_values(), out), commits)
+        return _run(args, replace(config, out=out), state, commits)
+    return run_elastic(train_once)
+
+
+def _run(args, config, state, commits=None):
+    """Train ``config`` (``state``: its resumed checkpoint's, or None) on its devices;
+    the exit status. ``commits``: an elastic job's (elastic.py)."""
     with devices(config.devices) as ctx:
         out = config.out if args.resume else prepare_out_dir(config.out)
         with recording() as needs:
@@ -138,7 +155,7 @@ def main(argv=None, restart=None):
             if start is None:
                 return 0
             code = _train(config, ctx, out, run, start, say, resumed=bool(args.resume),
-                          progress=progress_enabled(args), monitor=monitor)
+                          progress=progress_enabled(args), monitor=monitor, commits=commits)
         _save_replica(dp)
         return code
 
@@ -194,7 +211,7 @@ def _save_replica(dp):
         save_parameters(dp.net, os.path.join(directory, f"rank-{dp.rank}.params"))
 
 
-def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
+def _train(config, ctx, out, run, start, say, resumed, progress, monitor, commits=None):
     """The run's callbacks and checkpoints around ``_fit``; a failed write or a dead
     loader worker (its partial epoch checkpointed) ends it with one line, exit 1, the
     status 'failed' with its reason, and the run resumable.
@@ -207,13 +224,15 @@ def _train(config, ctx, out, run, start, say, resumed, progress, monitor):
     callbacks = chief_callbacks(config, run, out, header, monitor, say, (start.epoch, start.batch) if resumed else None,
                                 history) if chief else []
     checkpointer = Checkpointer(out, dp, record, config, run.train.turns, run.ema)
+    after = [ElasticCommit(commits, checkpointer, history, config.commit_steps, len(run.train))] if commits else []
     last_good = _KeepLastGood(dp.net, start.epoch)
     stop, before = StopFlag(), {}
     try:
         if not resumed:  # from here on a kill at any moment leaves something to resume
             checkpointer.save(0, 0, [])  # (Ctrl-C inside it: KeyboardInterrupt, exit 130, main_guard)
         before = {signum: signal.signal(signum, stop.request) for signum in STOP_SIGNALS}
-        return _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, progress, say, monitor)
+        return _fit(config, out, run, start, callbacks, [checkpointer, last_good, *after], stop, progress, say,
+                    monitor)
     except (WriteError, ProcessDied) as e:  # not the input's fault: exit 1, the run resumable
         recorded = _end(callbacks, history, "failed", str(e))
         _, state = latest_checkpoint(out)
@@ -236,12 +255,13 @@ def _resume_command(out):
     return command("train", "--resume", os.path.abspath(out))
 
 
-def _fit(config, out, run, start, callbacks, checkpointer, last_good, stop, progress, say, monitor):
+def _fit(config, out, run, start, callbacks, keepers, stop, progress, say, monitor):
     """Train to the end, or to a stop request (a checkpoint, exit 128 + signal), or to a
-    NaN loss (the last good parameters kept)."""
-    history, chief = start.history, run.dp.rank == 0
+    NaN loss (the last good parameters kept). ``keepers``: the Checkpointer, the last good
+    parameters, then an elastic job's commit: callbacks after the others, in that order."""
+    history, chief, (checkpointer, last_good) = start.history, run.dp.rank == 0, keepers[:2]
     try:
-        fit(run.dp, run.train, run.val, config.epochs, callbacks + [checkpointer, last_good],
+        fit(run.dp, run.train, run.val, config.epochs, callbacks + keepers,
             start.epoch, start.batch, config.log_interval, progress, history, stop, start.seconds)
     except Interrupted as e:
         where = checkpointer.save(e.epoch, e.batch, history, e.seconds)

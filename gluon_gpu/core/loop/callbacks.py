@@ -43,8 +43,9 @@ class Callback:
 
     stop_requested = False  # true after an epoch: the loop ends there (early stopping), on every worker
 
-    def on_step(self):
-        """After every step (called only where a subclass overrides it: a call per step)."""
+    def on_step(self, epoch, batch):  # pylint: disable=unused-argument
+        """After every step: ``epoch`` (from 0) and the batches of it done (called only
+        where a subclass overrides it: a call per step)."""
 
     def on_log(self, step_record):
         """At every log interval: the epoch's running train figures, position and lr."""

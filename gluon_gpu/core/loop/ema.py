@@ -30,7 +30,7 @@ class WeightAverage(Callback):
         first = dp.ctx[0]
         self.average = {name: legacy(p.data(first)).copy() for name, p in self.params.items()}
 
-    def on_step(self):
+    def on_step(self, epoch, batch):  # pylint: disable=unused-argument
         """Move the average, unless the step only accumulated gradients (no update)."""
         if self.dp.pending_batches:
             return

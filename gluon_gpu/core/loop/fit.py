@@ -68,7 +68,7 @@ def train_epoch(dp, pipeline, epoch, log_interval=50, progress=False, start_batc
                 dp.step(batch.data, batch.label, batch.augmentation, batch.mixing, return_loss=False, flush=i == batches)
                 stepped = i
                 for cb in steppers:
-                    cb.on_step()
+                    cb.on_step(epoch, i)
                 sync_point = i % log_interval == 0 or i == batches  # the same steps on every worker
                 stopping = stop is not None and stop.confirm(dp, sync_point)
                 if sync_point or stopping:

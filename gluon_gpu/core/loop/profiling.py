@@ -23,7 +23,7 @@ class StepProfiler(Callback):
         self.seen, self.profiled, self.running = 0, 0, False
         self._tmp = os.path.join(run_dir, ".profile.json.tmp")
 
-    def on_step(self):
+    def on_step(self, epoch, batch):  # pylint: disable=unused-argument
         self.seen += 1
         if self.seen == self.warmup:
             mx.nd.waitall()  # the warm-up's queued work stays out of the trace

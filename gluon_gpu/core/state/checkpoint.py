@@ -38,7 +38,10 @@ def save_checkpoint(run_dir, dp, state, keep=3, extras=None):
             os.rename(tmp, final)
             fsync_path(root)
     for old, _ in complete_checkpoints(run_dir)[:-keep] if keep else []:
-        shutil.rmtree(old, ignore_errors=True)
+        # renamed first: a kill inside rmtree leaves a temporary, not a checkpoint missing files
+        doomed = os.path.join(root, f".{os.path.basename(old)}.pruned")
+        os.rename(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
     for leftover in os.listdir(root):  # temporaries of writes that a kill cut short
         if leftover.startswith((".epoch-", ".step-")) and os.path.isdir(os.path.join(root, leftover)):
             shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)

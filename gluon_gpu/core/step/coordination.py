@@ -26,7 +26,8 @@ class Workers:
         self.rank = store.rank if store else 0
         self.count = store.num_workers if store else 1
         self.sync = self.distributed and store.type != "dist_async"
-        self.watch = StallWatch(self.rank, self.count) if self.distributed else None
+        # ps-lite waits forever; Horovod's Gloo collectives time out on their own (HOROVOD_GLOO_TIMEOUT_SECONDS)
+        self.watch = StallWatch(self.rank, self.count) if self.distributed and store.type.startswith("dist") else None
         self.members = 0  # start: members spread over the workers
 
     def start(self, trainer, is_np, metric_width, devices, placed=None):

@@ -10,6 +10,7 @@ call names its tensor by key, as Horovod requires of collectives that must match
 processes.
 """
 import os
+import sys
 
 from mxnet import nd
 from mxnet.kvstore.base import KVStoreBase
@@ -25,16 +26,20 @@ class HorovodStore(KVStoreBase):
 
     def __init__(self):
         require_horovod("`kvstore` horovod")
-        self._rank, self._size = (int(os.environ.get(k, default)) for k, default in
-                                  (("HOROVOD_RANK", 0), ("HOROVOD_SIZE", 1)))
-        self._pushed, self._module = {}, None
+        self._pushed, self._module = {}, sys.modules.get("horovod.mxnet")
+        if self._module is not None and self._module.is_initialized():  # an elastic job after a reset
+            self._rank, self._size = self._module.rank(), self._module.size()
+        else:
+            self._rank, self._size = (int(os.environ.get(k, default)) for k, default in
+                                      (("HOROVOD_RANK", 0), ("HOROVOD_SIZE", 1)))
 
     @property
     def hvd(self):
         if self._module is None:
             import horovod.mxnet as hvd  # pylint: disable=import-outside-toplevel
-            hvd.init()
             self._module = hvd
+        if not self._module.is_initialized():
+            self._module.init()
         return self._module
 
     @property
