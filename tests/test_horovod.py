@@ -120,3 +120,87 @@ def test_without_horovod_the_engine_and_the_kvstore_are_one_line_each(tmp_path):
         assert table_exit("Horovod missing", done.returncode)
         last = done.stderr.strip().splitlines()
         assert len(last) == 1 and "needs Horovod built for MXNet, which this Python lacks: make horovod" in last[0]
+
+
+# -- elastic: Horovod's elastic driver, hosts as a discovery script lists them ----------
+ELASTIC = LONG + ["--commit-steps", "10", "--log-interval", "10", "--keep", "1000"]
+
+
+def discovery(tmp_path, *hosts):
+    """A host-discovery script printing ``hosts`` (HOST:SLOTS), from a file a test may
+    change: Horovod blacklists a host whose worker failed, so each local worker of these
+    jobs has a name of its own (localhost, 127.0.0.1)."""
+    listed, script = tmp_path / "hosts", tmp_path / "discover.sh"
+    listed.write_text("".join(f"{h}\n" for h in hosts))
+    script.write_text(f"#!/bin/sh\ncat {listed}\n")
+    script.chmod(0o755)
+    return str(script), listed
+
+
+def elastic_job(workers, script, command, job, most=2):
+    return run_launch(["--engine", "horovod", "--elastic", "-n", str(workers), "--max-workers", str(most),
+                       "--host-discovery-script", script, "--grace", "30", "--"] + command, job)
+
+
+def horovod_workers(job):
+    """The training processes of ``job`` (not the launchers or the shells that start them)."""
+    def argv(pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    return [pid for pid, _ in job_processes(job) if argv(pid)[1:3] == [b"-m", b"gluon_gpu.train"]]
+
+
+def resumed_from(printed):
+    """The commit an elastic job went on from after its reset (its line), as a folder name."""
+    line, = [l for l in printed.splitlines() if "resuming from" in l]
+    return os.path.basename(line.split("resuming from ", 1)[1].split(" (")[0])
+
+
+def assert_equals_a_resume_from(out, commit, workers, tmp_path):
+    """The elastic run's parameters are those of its commit ``commit`` resumed by
+    ``workers`` workers: the updates after the commit undone, every later sample of the
+    epoch trained once by the new membership."""
+    reference = str(tmp_path / "reference")
+    os.makedirs(os.path.join(reference, "checkpoints"))
+    subprocess.run(["cp", "-r", os.path.join(out, "checkpoints", commit), os.path.join(reference, "checkpoints")],
+                   check=True)
+    command = LONG + ["--resume", reference]
+    if workers == 1:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": REPO})
+    else:
+        proc = horovod_job(workers, command)
+        done = subprocess.CompletedProcess(command, proc.wait(timeout=300), *proc.communicate())
+    assert done.returncode == 0, done.stderr
+    assert_same_params(params(os.path.join(out, "net.params")), params(os.path.join(reference, "net.params")))
+
+
+def test_elastic_a_worker_killed_mid_epoch_and_the_job_goes_on_with_the_rest(tmp_path):
+    script, _ = discovery(tmp_path, "localhost:1", "127.0.0.1:1")
+    out, job = str(tmp_path / "run"), uuid.uuid4().hex
+    proc = elastic_job(2, script, ELASTIC + ["--out", out], job)
+    wait_until(lambda: checkpoint_exists(out, 1, 20), proc, "a commit inside epoch 2")
+    workers = horovod_workers(job)
+    assert len(workers) == 2
+    os.kill(workers[-1], signal.SIGKILL)
+    printed, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    epochs = read_metrics(out)["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3] and epochs[0]["workers"] == 2 and epochs[-1].get("workers", 1) == 1
+    commit = resumed_from(printed)
+    assert commit.startswith(("epoch-00001-", "epoch-00002-")) and commit != "epoch-00001-batch-0000000"
+    assert_equals_a_resume_from(out, commit, 1, tmp_path)
+
+
+def test_elastic_a_host_added_joins_at_the_next_commit(tmp_path):
+    script, listed = discovery(tmp_path, "localhost:1")
+    out, job = str(tmp_path / "run"), uuid.uuid4().hex
+    proc = elastic_job(1, script, ELASTIC + ["--out", out], job)
+    wait_until(lambda: checkpoint_exists(out, 1), proc, "epoch 1")
+    listed.write_text("localhost:1\n127.0.0.1:1\n")
+    printed, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    epochs = read_metrics(out)["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3] and epochs[0].get("workers", 1) == 1
+    assert epochs[-1]["workers"] == 2 and "(2 workers)" in printed
+    assert_equals_a_resume_from(out, resumed_from(printed), 2, tmp_path)

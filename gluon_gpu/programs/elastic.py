@@ -15,10 +15,12 @@ survive. Every worker reads that checkpoint: the run folder must be one they all
 (one host, or a shared file system).
 """
 import os
+from dataclasses import replace
 
 import mxnet as mx
 
 from ..core.loop.callbacks import Callback
+from ..core.platform.errors import UserError
 
 ELASTIC_ENV = "HOROVOD_ELASTIC"  # set by horovodrun's elastic driver in every worker
 
@@ -27,9 +29,20 @@ def is_elastic(config):
     return config.kvstore == "horovod" and os.environ.get(ELASTIC_ENV) == "1"
 
 
-def run_elastic(train_once):
-    """``train_once(commits, resume)`` (``resume``: after a reset, from the newest
-    checkpoint) until it returns, through Horovod's elastic loop; its exit status."""
+def elastic_config(config):
+    """``config`` as an elastic job runs it: without LeNet's fused conv operator, whose
+    library and Horovod's crash one process that imports Horovod before building it
+    (``free(): invalid pointer``), as each worker joining a job must, to learn its rank."""
+    if config.fused_conv == "on":
+        raise UserError("`fused_conv` on: not in an elastic Horovod job (the operator's library and Horovod's "
+                        "clash in a process that starts Horovod first); `fused_conv` off or auto")
+    return replace(config, fused_conv="off")
+
+
+def run_elastic(train_once, committed):
+    """``train_once(commits, resume)`` until it returns, through Horovod's elastic loop;
+    its exit status. ``resume``, as rank 0 says at each (re)start: after a reset, or when
+    ``committed()`` (a worker joining a running job, whose run folder holds commits)."""
     from horovod.common.elastic import State, run_fn  # pylint: disable=import-outside-toplevel
     from horovod.common.exceptions import HorovodInternalError  # pylint: disable=import-outside-toplevel
 
@@ -49,8 +62,10 @@ def run_elastic(train_once):
 
     def once(commits):
         attempts.append(len(attempts))
+        hvd = _hvd()
+        resume = hvd.broadcast_object(len(attempts) > 1 or committed(), root_rank=0, name="elastic.resume")
         try:
-            return train_once(commits, resume=len(attempts) > 1)
+            return train_once(commits, resume)
         except mx.base.MXNetError as e:  # horovod.mxnet's ops fail inside MXNet's engine
             if "Horovod has been shut down" in str(e):
                 raise HorovodInternalError(str(e)) from None
@@ -69,8 +84,7 @@ def run_elastic(train_once):
 
 
 def _hvd():
-    """horovod.mxnet, initialized (imported only once the network is built: see
-    core/step/horovod_store.py)."""
+    """horovod.mxnet, initialized."""
     import horovod.mxnet as hvd  # pylint: disable=import-outside-toplevel
     if not hvd.is_initialized():
         hvd.init()

@@ -46,6 +46,8 @@ JOB_ENV = "GLUON_GPU_JOB"  # marks every process of a job (tests look for leftov
 RESTART_ENV = "GLUON_GPU_RESTART"  # the restart's number, for the workers (programs/train.py)
 SESSION_SECONDS = 2  # for a remote role's session (ssh, srun) to end after its control line
 ENGINES = ("ps-lite", "horovod")
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"  # Horovod's deadline on a rendezvous or collective
+GLOO_TIMEOUT_SECONDS = 120  # its default, 30, is shorter than a joining worker's start on a busy machine
 
 
 def build_parser():
@@ -270,7 +272,8 @@ def horovod_plan(args, job, restart=0):
         argv += ["-H", f"localhost:{args.num_workers}"]
     nic = args.network_interface or ("lo" if args.elastic else None)
     argv += (["--network-interface", nic] if nic else []) + args.command
-    return [("worker", 0, None, argv, {JOB_ENV: job, **({RESTART_ENV: str(restart)} if restart else {})})]
+    waits = {} if os.environ.get(GLOO_TIMEOUT_ENV) else {GLOO_TIMEOUT_ENV: str(GLOO_TIMEOUT_SECONDS)}
+    return [("worker", 0, None, argv, {JOB_ENV: job, **waits, **({RESTART_ENV: str(restart)} if restart else {})})]
 
 
 class CannotStart(Exception):

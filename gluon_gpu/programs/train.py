@@ -27,7 +27,7 @@ from ..models.member_stack import ensemble_variables
 from ..models.sync_bn import sync_bn_variables
 from .cli import Parser, as_flags, command, main_guard, progress_enabled
 from .config import RunConfig, add_flags
-from .elastic import ElasticCommit, is_elastic, run_elastic
+from .elastic import ElasticCommit, elastic_config, is_elastic, run_elastic
 from .launch import RESTART_ENV
 from .plan import plan_line
 from .recipes import apply_recipe, recipe_table
@@ -119,14 +119,16 @@ def main(argv=None, restart=None):
     _thread_settings(args, config, restart=argv is None if restart is None else restart)
     if not is_elastic(config):
         return _run(args, config, state)
-    out = config.out if args.resume else prepare_out_dir(config.out)
+    config = elastic_config(config)
+    out = args.resume or (config.out if config.out and complete_checkpoints(config.out) else
+                          prepare_out_dir(config.out))  # a worker joining a running job finds its commits
 
     def train_once(commits, resume):
-        if resume:  # after a reset: from the newest commit, as --resume with another worker count
+        if resume:  # after a reset, or joining: from the newest commit, as --resume with another worker count
             args.resume = out
             return _run(args, *resume_config(flags.typed_values(), out), commits)
         return _run(args, replace(config, out=out), state, commits)
-    return run_elastic(train_once)
+    return run_elastic(train_once, lambda: bool(complete_checkpoints(out)))
 
 
 def _run(args, config, state, commits=None):
