@@ -2,7 +2,9 @@
 horovod` runs Horovod's own launcher over Gloo on this host, the workers train with
 `--kvstore horovod`, and a job equals one process with the global batch, stops on
 SIGTERM with a checkpoint and resumes exactly, on as many workers or on one."""
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -204,3 +206,26 @@ def test_elastic_a_host_added_joins_at_the_next_commit(tmp_path):
     assert [e["epoch"] for e in epochs] == [1, 2, 3] and epochs[0].get("workers", 1) == 1
     assert epochs[-1]["workers"] == 2 and "(2 workers)" in printed
     assert_equals_a_resume_from(out, resumed_from(printed), 2, tmp_path)
+
+
+def test_bench_times_both_engines_side_by_side(tmp_path, capsys, monkeypatch):
+    from gluon_gpu.programs.bench import program as bench
+    monkeypatch.setenv("PYTHONPATH", REPO)
+    out = str(tmp_path / "bench")
+    assert bench.main(["--devices", "cpu", "--workers", "2", "--kvstore", "dist_sync", "horovod", "--epochs", "1",
+                       "--limit", "1024", "--val-limit", "500", "--batch-size", "128", "--out", out, "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert "2 workers dist_sync" in table and "2 workers horovod" in table
+    with open(os.path.join(out, "bench.json")) as f:
+        rows = json.load(f)["workers"]
+    assert [(r["workers"], r["kvstore"]) for r in rows] == [(0, "local"), (2, "dist_sync"), (2, "horovod")]
+    assert all(r["samples_per_s"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--kvstore", "horovod"], "--kvstore: only with --workers"),
+    (["--workers", "2", "--kvstore", "local"], "--kvstore with --workers: dist_sync .ps-lite. or horovod")])
+def test_bench_engines_are_checked_before_any_work(flags, message, tmp_path, capsys):
+    from gluon_gpu.programs.bench import program as bench
+    assert bench.main(flags + ["--out", str(tmp_path / "b")]) == 2
+    assert re.search(message, capsys.readouterr().err)

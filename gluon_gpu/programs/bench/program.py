@@ -29,6 +29,7 @@ from ...core.loop.callbacks import save_figure, subplots
 from ...core.platform.devices import cpu_contexts, gpu_count, parse_devices, require_thread_settings, thread_settings
 from ...core.platform.errors import UserError
 from ...core.platform.files import write_json
+from ...core.platform.optional import require_horovod
 from ...core.platform.walk import descendants
 from ...core.step.precision import check_precision, precision_for
 from ...data import load_dataset
@@ -45,8 +46,8 @@ def build_parser():
     p = Parser("bench", description=__doc__, brief=True)
     add_flags(p, COMMON_FLAGS + ("model", "lr", "bucket_mb", "dataset", "image_size", "pipeline", "loader_workers",
                                  "limit", "val_limit", "dtype", "amp", "bfloat16_kernels", "ensemble_layout", "augment", "sweep",
-                                 "sweep_random"),
-              many=("devices", "fused_conv", "ensemble_layout", "augment") + variants.PROCESS_WIDE,
+                                 "sweep_random", "kvstore"),
+              many=("devices", "fused_conv", "ensemble_layout", "augment", "kvstore") + variants.PROCESS_WIDE,
               defaults={"devices": None, "augment": "none"})
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs per run (the first is reported apart)")
     p.add_argument("--repeats", type=positive_int, default=1, help="runs per spec; medians pool them")
@@ -172,9 +173,10 @@ def plot(rows, tutorial, path):
     save_figure(fig, path)
 
 
-def time_job(args, workers, out):
+def time_job(args, workers, out, kvstore="dist_sync"):
     """Median epoch seconds of a real training run: one plain process (``workers=0``) or a
-    dist_sync job of that many local workers started by gluon_gpu.launch."""
+    job of that many local workers started by gluon_gpu.launch on ``kvstore``'s engine
+    (dist_sync: ps-lite, with one server; horovod: Horovod's allreduce)."""
     per_worker = args.batch_size // max(workers, 1)
     cmd = [sys.executable, "-m", "gluon_gpu.train", "--devices", args.devices[0], "--quiet",
            "--epochs", str(args.epochs), "--batch-size", str(per_worker), "--out", out,
@@ -182,9 +184,10 @@ def time_job(args, workers, out):
         + (["--val-limit", str(args.val_limit)] if args.val_limit else []) \
         + (["--data-dir", args.data_dir] if args.data_dir else [])
     if workers:
-        cmd = [sys.executable, "-m", "gluon_gpu.launch", "-n", str(workers), "-s", "1", "--"] + \
-            cmd + ["--kvstore", "dist_sync"]
-    what = f"the training job of {workers} worker(s)" if workers else "the one-process training job"
+        engine = ["--engine", "horovod"] if kvstore == "horovod" else ["-s", "1"]
+        cmd = [sys.executable, "-m", "gluon_gpu.launch", "-n", str(workers), *engine, "--"] + \
+            cmd + ["--kvstore", kvstore]
+    what = f"the {kvstore} training job of {workers} worker(s)" if workers else "the one-process training job"
     proc = children.run(cmd, what, args.timeout)
     if proc.returncode:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -196,21 +199,33 @@ def time_job(args, workers, out):
     return {"seconds": seconds, "val_acc": epochs[-1]["val_acc"]}
 
 
+def check_engines(args):
+    """--kvstore: the engines --workers compares, dist_sync (ps-lite) and horovod."""
+    if args.kvstore and not args.workers:
+        raise UserError("--kvstore: only with --workers (the engines of a distributed job)")
+    if any(kv not in ("dist_sync", "horovod") for kv in args.kvstore or []):
+        raise UserError("--kvstore with --workers: dist_sync (ps-lite) or horovod, the engines a job runs on")
+    if "horovod" in (args.kvstore or []):
+        require_horovod("--kvstore horovod")
+
+
 def run_workers(args):
-    rows = []
-    sizes = [0] + sorted(set(args.workers))
-    with tqdm(total=len(sizes), desc="bench", unit="job", disable=not progress_enabled(args)) as bar:
-        for w in sizes:
-            run = time_job(args, w, tempfile.mkdtemp(prefix=f"job-{w}-workers-", dir=args.out))
+    """One plain process, then a job of each --workers count on each --kvstore engine."""
+    rows, kvstores = [], args.kvstore or ["dist_sync"]
+    jobs = [(0, None)] + [(w, kv) for kv in kvstores for w in sorted(set(args.workers))]
+    with tqdm(total=len(jobs), desc="bench", unit="job", disable=not progress_enabled(args)) as bar:
+        for w, kv in jobs:
+            run = time_job(args, w, tempfile.mkdtemp(prefix=f"job-{w}-workers-", dir=args.out), kv or "dist_sync")
             samples = args.limit or 60000
-            name = "1 process" if w == 0 else f"{w} worker{'s' if w > 1 else ''}"
-            rows.append({**summarize(name, [run], samples, len(parse_devices(args.devices[0]))), "workers": w})
+            name = "1 process" if w == 0 else f"{w} worker{'s' if w > 1 else ''} {kv}"
+            rows.append({**summarize(name, [run], samples, len(parse_devices(args.devices[0]))), "workers": w,
+                         "kvstore": kv or "local"})
             bar.update(1)
     for r in rows:
         r["overhead_ratio"] = r["median_epoch_s"] / rows[0]["median_epoch_s"]
-    columns = [("job", 12, lambda r: r["name"]), *TIMES, ("samples/s", 11, figure("samples_per_s", ".0f")),
+    columns = [("job", 22, lambda r: r["name"]), *TIMES, ("samples/s", 11, figure("samples_per_s", ".0f")),
                ("time vs 1 process", 20, figure("overhead_ratio", ".2f", "x"))]
-    print(text_table(columns, rows, f"distributed dist_sync jobs on {args.devices[0]} per worker, "
+    print(text_table(columns, rows, f"distributed jobs ({', '.join(kvstores)}) on {args.devices[0]} per worker, "
                                     f"global batch {args.batch_size}"))
     write_json(os.path.join(args.out, "bench.json"),
                {"config": vars(args), "machine": machine_info(), "workers": rows})
@@ -228,6 +243,7 @@ def main(argv=None):
         for dtype in args.dtype:
             check_precision(precision_for(dtype, args.amp), parse_devices(spec))
     check_writable(args.out)
+    check_engines(args)
     combinations = variants.variants(args)
     if len(combinations) > 1 and args.workers:
         raise UserError("several --dtype, --omp-threads or --engine-threads values compare plain runs and "
