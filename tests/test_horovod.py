@@ -16,7 +16,7 @@ from gluon_gpu.core.platform.optional import require_horovod
 from gluon_gpu.core.platform.errors import UserError
 from gluon_gpu.programs import train
 
-from conftest import read_metrics
+from conftest import read_metrics, with_flags
 from failure_table import table_exit
 from test_distributed import (REPO, assert_same_params, checkpoint_exists, job_processes, params, run_launch,
                               wait_until)
@@ -229,3 +229,34 @@ def test_bench_engines_are_checked_before_any_work(flags, message, tmp_path, cap
     from gluon_gpu.programs.bench import program as bench
     assert bench.main(flags + ["--out", str(tmp_path / "b")]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    from slurm_cluster import Cluster, why_not_possible
+    why = why_not_possible()
+    if why:
+        pytest.skip(f"no Slurm cluster here: {why}")
+    made = Cluster(tmp_path_factory.mktemp("slurm"))
+    yield made
+    made.stop()
+
+
+def test_the_docs_horovod_job_script_runs_in_slurm_and_equals_one_process(slurm, tmp_path):
+    """docs/distributed.md's Horovod job script, submitted as written: two tasks, two
+    Horovod workers, the same parameters as one process with the global batch."""
+    import re as regex
+    from test_slurm import Submitted
+    with open(os.path.join(REPO, "docs", "distributed.md")) as f:
+        script = next(body for body in regex.findall(r"```sh\n(.*?)```", f.read(), regex.S)
+                      if "#SBATCH" in body and "--engine horovod" in body)
+    job = Submitted(slurm, tmp_path, script.splitlines()[1:], wait=True)
+    assert job.code == 0, job.text()
+    assert regex.search(r"gluon_gpu\.launch: Slurm job \d+: 2 Horovod worker\(s\) over \S+ through horovodrun",
+                        job.text()), job.text()
+    out, single = str(tmp_path / "runs" / "slurm-horovod"), str(tmp_path / "single")
+    flags = [f for f in regex.search(r"gluon-gpu-train (.*)", script).group(1).split() if f not in ("--kvstore",
+                                                                                                 "horovod")]
+    assert train.main(with_flags(flags, "--devices", "cpu*2", "--batch-size", "256", "--out", single)) == 0
+    assert_same_params(params(os.path.join(out, "net.params")), params(os.path.join(single, "net.params")))
+    assert read_metrics(out)["workers"] == 2 and job_processes(job.marker) == []

@@ -258,9 +258,10 @@ def srun_command(node, env, cmd, cwd, python, _ssh_config=None):
             "--kill-on-bad-exit=1", "env"] + exports + [python, "-c", remote_role.SOURCE] + list(cmd)
 
 
-def horovod_plan(args, job, restart=0):
+def horovod_plan(args, job, restart=0, hosts=None):
     """The one process of a Horovod job: Horovod's launcher (programs/horovod_run.py),
-    which starts the ``-n`` workers here over Gloo and gives them ``--grace`` seconds
+    which starts the ``-n`` workers over Gloo, here or (``hosts``: a Slurm allocation's
+    nodes) round-robin over the hosts through ssh, and gives them ``--grace`` seconds
     between SIGTERM and SIGKILL."""
     require_horovod("--engine horovod")
     argv = [args.python, "-m", "gluon_gpu.programs.horovod_run", str(args.grace), "-np", str(args.num_workers),
@@ -268,6 +269,8 @@ def horovod_plan(args, job, restart=0):
     if args.elastic:
         argv += ["--min-np", str(args.min_workers), "--max-np", str(args.max_workers or args.num_workers),
                  "--host-discovery-script", os.path.abspath(args.host_discovery_script)]
+    elif hosts and len(hosts) > 1:
+        argv += ["-H", ",".join(f"{h}:{-(-args.num_workers // len(hosts))}" for h in hosts)]
     else:
         argv += ["-H", f"localhost:{args.num_workers}"]
     nic = args.network_interface or ("lo" if args.elastic else None)
@@ -429,6 +432,11 @@ def placement(args):
     check_process_counts(args, len(hosts or [None]))
     if not args.slurm:
         return Placement(hosts)
+    if args.engine == "horovod":
+        print(f"gluon_gpu.launch: Slurm job {os.environ['SLURM_JOB_ID']}: {args.num_workers} Horovod worker(s) over "
+              f"{', '.join(hosts)} through horovodrun" + (" and ssh" if len(hosts) > 1 else ""), file=sys.stderr,
+              flush=True)
+        return Placement(hosts)
     args.scheduler_host = args.scheduler_host or slurm_node_address()
     placed = over_nodes(args, hosts)
     gpus, requeued = node_gpus(), placed.requeued
@@ -464,12 +472,12 @@ def check_engine(args):
         raise UserError(f"-n {args.num_workers}: --elastic starts between --min-workers {args.min_workers} and "
                         f"--max-workers {most}")
     given = [flag for flag, value in (("-s/--num-servers", args.num_servers), ("--port", args.port),
-                                      ("--scheduler-host", args.scheduler_host), ("--hostfile", args.hostfile),
-                                      ("--slurm", args.slurm)) if value]
+                                      ("--scheduler-host", args.scheduler_host), ("--hostfile", args.hostfile))
+             if value]
     if given:
-        raise UserError(f"{given[0]}: not with --engine horovod (Horovod's launcher runs the workers here, "
-                        "with no servers)")
-    args.num_servers, args.slurm = 0, False
+        raise UserError(f"{given[0]}: not with --engine horovod (Horovod's launcher starts the workers, with no "
+                        "scheduler or servers)")
+    args.num_servers = 0
 
 
 def check_process_counts(args, hosts):
@@ -534,7 +542,7 @@ def main(argv=None):
                   "resume from the newest complete checkpoint", file=sys.stderr, flush=True)
             placed = after_a_failure(args, placed)
         try:
-            procs = horovod_plan(args, job_id, restart) if args.engine == "horovod" else \
+            procs = horovod_plan(args, job_id, restart, placed.hosts) if args.engine == "horovod" else \
                 plan(args, job_id, args.port or free_port(), placed.hosts, restart=restart + placed.requeued,
                      gpu_sharers=placed.gpu_sharers)
             job = Job(procs, args.grace, args.slurm)
