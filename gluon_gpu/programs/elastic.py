@@ -43,21 +43,8 @@ def run_elastic(train_once, committed):
     """``train_once(commits, resume)`` until it returns, through Horovod's elastic loop;
     its exit status. ``resume``, as rank 0 says at each (re)start: after a reset, or when
     ``committed()`` (a worker joining a running job, whose run folder holds commits)."""
-    from horovod.common.elastic import State, run_fn  # pylint: disable=import-outside-toplevel
+    from horovod.common.elastic import run_fn  # pylint: disable=import-outside-toplevel
     from horovod.common.exceptions import HorovodInternalError  # pylint: disable=import-outside-toplevel
-
-    class Commits(State):
-        """The commits are checkpoints on disk: nothing to save, restore or broadcast here."""
-
-        def save(self):
-            pass
-
-        def restore(self):
-            pass
-
-        def sync(self):
-            pass
-
     attempts = []
 
     def once(commits):
@@ -80,7 +67,24 @@ def run_elastic(train_once, committed):
         hvd.shutdown()
         hvd.init()
 
-    return run_fn(once, reset)(Commits(lambda value: _hvd().broadcast_object(value), lambda: _hvd().rank()))
+    return run_fn(once, reset)(_commits())
+
+
+def _commits():
+    """Horovod's elastic State of a run whose commits are checkpoints on disk: nothing to
+    save, restore or broadcast here; its host checks are Horovod's."""
+    from horovod.common.elastic import State  # pylint: disable=import-outside-toplevel
+
+    class Commits(State):
+        def save(self):
+            pass
+
+        def restore(self):
+            pass
+
+        def sync(self):
+            pass
+    return Commits(lambda value: _hvd().broadcast_object(value), lambda: _hvd().rank())
 
 
 def _hvd():

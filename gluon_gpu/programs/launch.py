@@ -520,6 +520,14 @@ def after_a_failure(args, placed):
     return over_nodes(args, left)
 
 
+def processes(args, job, placed, restart):
+    """The processes of the job's ``restart``-th start, on its engine (see plan, horovod_plan)."""
+    if args.engine == "horovod":
+        return horovod_plan(args, job, restart + placed.requeued, placed.hosts)
+    return plan(args, job, args.port or free_port(), placed.hosts, restart=restart + placed.requeued,
+                gpu_sharers=placed.gpu_sharers)
+
+
 @main_guard("gluon_gpu.launch")
 def main(argv=None):
     args = build_parser().parse_args(argv)
@@ -542,10 +550,7 @@ def main(argv=None):
                   "resume from the newest complete checkpoint", file=sys.stderr, flush=True)
             placed = after_a_failure(args, placed)
         try:
-            procs = horovod_plan(args, job_id, restart, placed.hosts) if args.engine == "horovod" else \
-                plan(args, job_id, args.port or free_port(), placed.hosts, restart=restart + placed.requeued,
-                     gpu_sharers=placed.gpu_sharers)
-            job = Job(procs, args.grace, args.slurm)
+            job = Job(processes(args, job_id, placed, restart), args.grace, args.slurm)
         except CannotStart as e:
             print(f"gluon_gpu.launch: error: {e}", file=sys.stderr)
             return 2
