@@ -210,7 +210,7 @@ def plan(args, job, port, hosts=None, cwd=None, restart=0, gpu_sharers=0):
     ``gpu_sharers``: see Placement (each worker's share named for its wrapper, remote_role.py)."""
     root = "127.0.0.1" if not hosts else (args.scheduler_host or socket.gethostbyname(socket.gethostname()))
     base = {"DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
-            "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
+            "DMLC_NUM_SERVER": str(args.num_servers or 1), "DMLC_NUM_WORKER": str(args.num_workers),
             JOB_ENV: job, **({RESTART_ENV: str(restart)} if restart else {})}
     # Slurm signals every process of a job it cancels: the scheduler and servers wait for
     # the workers to finish (a checkpoint) instead, and end with them.
@@ -219,7 +219,8 @@ def plan(args, job, port, hosts=None, cwd=None, restart=0, gpu_sharers=0):
     # Each role listens on the address it advertises (DMLC_NODE_HOST, else its first
     # non-loopback interface's): local roles on loopback only.
     procs = [("scheduler", 0, None, server_cmd, {**base, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": root})]
-    for role, count, cmd in (("server", args.num_servers, server_cmd), ("worker", args.num_workers, args.command)):
+    for role, count, cmd in (("server", args.num_servers or 1, server_cmd),
+                             ("worker", args.num_workers, args.command)):
         for i in range(count):
             host = hosts[i % len(hosts)] if hosts else None
             env = {**base, "DMLC_ROLE": role, **({} if host else {"DMLC_NODE_HOST": "127.0.0.1"})}
