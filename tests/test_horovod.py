@@ -260,3 +260,20 @@ def test_the_docs_horovod_job_script_runs_in_slurm_and_equals_one_process(slurm,
     assert train.main(with_flags(flags, "--devices", "cpu*2", "--batch-size", "256", "--out", single)) == 0
     assert_same_params(params(os.path.join(out, "net.params")), params(os.path.join(single, "net.params")))
     assert read_metrics(out)["workers"] == 2 and job_processes(job.marker) == []
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--engine", "horovod", "-n", "2", "-s", "2"], "-s/--num-servers: not with --engine horovod"),
+    (["--engine", "horovod", "-n", "2", "--hostfile", "h"], "--hostfile: not with --engine horovod"),
+    (["-n", "2", "--elastic"], "--elastic: only with --engine horovod"),
+    (["--engine", "horovod", "-n", "2", "--elastic"], "--elastic needs --host-discovery-script"),
+    (["--engine", "horovod", "-n", "2", "--max-workers", "3"], "--max-workers: only with --elastic"),
+    (["--engine", "horovod", "-n", "2", "--elastic", "--host-discovery-script", "/nonexistent"],
+     "--host-discovery-script /nonexistent: not an executable file"),
+    (["--engine", "horovod", "-n", "4", "--elastic", "--host-discovery-script", "/bin/true", "--max-workers", "3"],
+     "-n 4: --elastic starts between --min-workers 1 and --max-workers 3")])
+def test_the_engine_s_flags_are_one_line_each(flags, message, capsys):
+    from gluon_gpu.programs import launch
+    assert table_exit("`launch` flags of the other engine", launch.main(flags + ["--", "true"]))
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith(f"gluon_gpu.launch: error: {message}"), said

@@ -54,7 +54,7 @@ def build_parser():
     p = Parser("launch", description=__doc__)
     p.add_argument("-n", "--num-workers", type=positive_int, default=None,
                    help="workers (required, but in a Slurm allocation: its task count, SLURM_NTASKS)")
-    p.add_argument("-s", "--num-servers", type=positive_int, default=None, help="ps-lite's servers (default: 1)")
+    p.add_argument("-s", "--num-servers", type=positive_int, default=1, help="ps-lite's servers")
     p.add_argument("--engine", choices=ENGINES, default="ps-lite",
                    help="ps-lite: a scheduler, servers and workers (the workers' --kvstore dist_sync); horovod: "
                         "Horovod's launcher over Gloo, allreduce among the workers (their --kvstore horovod)")
@@ -210,7 +210,7 @@ def plan(args, job, port, hosts=None, cwd=None, restart=0, gpu_sharers=0):
     ``gpu_sharers``: see Placement (each worker's share named for its wrapper, remote_role.py)."""
     root = "127.0.0.1" if not hosts else (args.scheduler_host or socket.gethostbyname(socket.gethostname()))
     base = {"DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
-            "DMLC_NUM_SERVER": str(args.num_servers or 1), "DMLC_NUM_WORKER": str(args.num_workers),
+            "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
             JOB_ENV: job, **({RESTART_ENV: str(restart)} if restart else {})}
     # Slurm signals every process of a job it cancels: the scheduler and servers wait for
     # the workers to finish (a checkpoint) instead, and end with them.
@@ -219,8 +219,7 @@ def plan(args, job, port, hosts=None, cwd=None, restart=0, gpu_sharers=0):
     # Each role listens on the address it advertises (DMLC_NODE_HOST, else its first
     # non-loopback interface's): local roles on loopback only.
     procs = [("scheduler", 0, None, server_cmd, {**base, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": root})]
-    for role, count, cmd in (("server", args.num_servers or 1, server_cmd),
-                             ("worker", args.num_workers, args.command)):
+    for role, count, cmd in (("server", args.num_servers, server_cmd), ("worker", args.num_workers, args.command)):
         for i in range(count):
             host = hosts[i % len(hosts)] if hosts else None
             env = {**base, "DMLC_ROLE": role, **({} if host else {"DMLC_NODE_HOST": "127.0.0.1"})}
@@ -451,15 +450,14 @@ def placement(args):
 
 
 def check_engine(args):
-    """The flags each engine takes: a Horovod job has no servers, scheduler or port, and
-    (so far) runs on this host; ps-lite's servers default to one."""
+    """The flags each engine takes: a Horovod job has no servers, scheduler, port or
+    hostfile (Horovod's launcher starts its workers); --elastic is Horovod's."""
     elastic = [flag for flag, value in (("--elastic", args.elastic), ("--host-discovery-script",
                                                                      args.host_discovery_script),
                                         ("--max-workers", args.max_workers)) if value]
     if args.engine == "ps-lite":
         if elastic or args.network_interface:
             raise UserError(f"{(elastic or ['--network-interface'])[0]}: only with --engine horovod")
-        args.num_servers = args.num_servers or 1
         return
     if args.elastic and not args.host_discovery_script:
         raise UserError("--elastic needs --host-discovery-script: a script that prints the hosts that may run "
@@ -472,7 +470,7 @@ def check_engine(args):
     if args.elastic and not args.min_workers <= args.num_workers <= most:
         raise UserError(f"-n {args.num_workers}: --elastic starts between --min-workers {args.min_workers} and "
                         f"--max-workers {most}")
-    given = [flag for flag, value in (("-s/--num-servers", args.num_servers), ("--port", args.port),
+    given = [flag for flag, value in (("-s/--num-servers", args.num_servers != 1), ("--port", args.port),
                                       ("--scheduler-host", args.scheduler_host), ("--hostfile", args.hostfile))
              if value]
     if given:
