@@ -213,13 +213,16 @@ def test_bench_times_both_engines_side_by_side(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", REPO)
     out = str(tmp_path / "bench")
     assert bench.main(["--devices", "cpu", "--workers", "2", "--kvstore", "dist_sync", "horovod", "--epochs", "1",
-                       "--limit", "1024", "--val-limit", "500", "--batch-size", "128", "--out", out, "--quiet"]) == 0
+                       "--limit", "1024", "--val-limit", "500", "--batch-size", "128", "--model", "mlp",
+                       "--out", out, "--quiet"]) == 0
     table = capsys.readouterr().out
     assert "2 workers dist_sync" in table and "2 workers horovod" in table
     with open(os.path.join(out, "bench.json")) as f:
         rows = json.load(f)["workers"]
     assert [(r["workers"], r["kvstore"]) for r in rows] == [(0, "local"), (2, "dist_sync"), (2, "horovod")]
     assert all(r["samples_per_s"] > 0 for r in rows)
+    jobs = sorted(os.listdir(out))  # each job trained the --model given (bench --workers ignored it)
+    assert all(read_metrics(os.path.join(out, j))["config"]["model"] == "mlp" for j in jobs if j.startswith("job-"))
 
 
 @pytest.mark.parametrize("flags,message", [

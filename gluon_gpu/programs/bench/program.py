@@ -180,7 +180,8 @@ def time_job(args, workers, out, kvstore="dist_sync"):
     per_worker = args.batch_size // max(workers, 1)
     cmd = [sys.executable, "-m", "gluon_gpu.train", "--devices", args.devices[0], "--quiet",
            "--epochs", str(args.epochs), "--batch-size", str(per_worker), "--out", out,
-           "--save-period", str(args.epochs)] + (["--limit", str(args.limit)] if args.limit else []) \
+           "--save-period", str(args.epochs), "--model", args.model, "--lr", str(args.lr),
+           "--fused-conv", args.fused_conv[0]] + (["--limit", str(args.limit)] if args.limit else []) \
         + (["--val-limit", str(args.val_limit)] if args.val_limit else []) \
         + (["--data-dir", args.data_dir] if args.data_dir else [])
     if workers:
