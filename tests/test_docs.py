@@ -229,8 +229,8 @@ def test_the_kubernetes_manifests_carry_the_contract_the_tests_run():
     test_distributed.mxjob_replicas starts each role with, naming their own role."""
     import yaml
     from gluon_gpu.programs import train
-    mxjob, plain = [list(yaml.safe_load_all(body)) for lang, body, _ in blocks("docs/distributed.md")
-                    if lang == "yaml"]
+    mxjob, plain, _ = [list(yaml.safe_load_all(body)) for lang, body, _ in blocks("docs/distributed.md")
+                       if lang == "yaml"]
     commands = []
     for role, spec in mxjob[0]["spec"]["mxReplicaSpecs"].items():
         container, = spec["template"]["spec"]["containers"]
@@ -253,6 +253,30 @@ def test_the_kubernetes_manifests_carry_the_contract_the_tests_run():
     assert all(c == commands[0] for c in commands) and commands[0][0] == "gluon-gpu-train"
     args = train.build_parser().parse_args(commands[0][1:])
     assert args.kvstore == "dist_sync" and args.out.startswith("/runs/")
+
+
+def test_the_mpijob_runs_the_horovod_launcher_over_the_hostfile_the_operator_writes():
+    """docs/distributed.md's MPIJob: its launcher pod runs gluon-gpu-launch --engine horovod
+    over the MPI operator's hostfile, as many workers as worker pods, each worker pod the
+    image; the launcher passes the hostfile to Horovod's launcher and the workers'
+    command is one train accepts, on --kvstore horovod, writing to the shared volume."""
+    import yaml
+    from gluon_gpu.programs import launch, train
+    *_, (mpijob,) = [list(yaml.safe_load_all(body)) for lang, body, _ in blocks("docs/distributed.md")
+                     if lang == "yaml"]
+    assert mpijob["kind"] == "MPIJob" and mpijob["spec"]["slotsPerWorker"] == 1
+    specs = mpijob["spec"]["mpiReplicaSpecs"]
+    command = specs["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert command[0] == "gluon-gpu-launch"
+    args = launch.build_parser().parse_args(command[1:])
+    launch.check_engine(args)
+    assert args.engine == "horovod" and args.num_workers == specs["Worker"]["replicas"]
+    argv = launch.horovod_plan(args, "job")[0][3]
+    assert argv[argv.index("--hostfile") + 1] == "/etc/mpi/hostfile" and "-H" not in argv
+    worker = train.build_parser().parse_args(args.command[2:] if args.command[0] == "--" else args.command[1:])
+    assert worker.kvstore == "horovod" and worker.out.startswith("/runs/")
+    images = {c["image"] for s in specs.values() for c in s["template"]["spec"]["containers"]}
+    assert len(images) == 1
 
 
 def test_the_dockerfile_builds_the_image_the_manifests_name(tmp_path):

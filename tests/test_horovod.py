@@ -267,7 +267,8 @@ def test_the_docs_horovod_job_script_runs_in_slurm_and_equals_one_process(slurm,
 
 @pytest.mark.parametrize("flags,message", [
     (["--engine", "horovod", "-n", "2", "-s", "2"], "-s/--num-servers: not with --engine horovod"),
-    (["--engine", "horovod", "-n", "2", "--hostfile", "h"], "--hostfile: not with --engine horovod"),
+    (["--engine", "horovod", "-n", "2", "--elastic", "--host-discovery-script", "/bin/true", "--hostfile", "h"],
+     "--hostfile: not with --engine horovod"),
     (["-n", "2", "--elastic"], "--elastic: only with --engine horovod"),
     (["--engine", "horovod", "-n", "2", "--elastic"], "--elastic needs --host-discovery-script"),
     (["--engine", "horovod", "-n", "2", "--max-workers", "3"], "--max-workers: only with --elastic"),
@@ -280,3 +281,16 @@ def test_the_engine_s_flags_are_one_line_each(flags, message, capsys):
     assert table_exit("`launch` flags of the other engine", launch.main(flags + ["--", "true"]))
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and said[0].startswith(f"gluon_gpu.launch: error: {message}"), said
+
+
+def test_a_job_over_a_hostfile_in_horovod_s_format(tmp_path):
+    """`--hostfile` in Horovod's and MPI's format (what Kubeflow's MPIJob writes for its
+    launcher pod) goes to Horovod's launcher as it is."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    out = str(tmp_path / "run")
+    proc = run_launch(["--engine", "horovod", "-n", "2", "--hostfile", str(hostfile), "--"] + TRAIN +
+                      ["--epochs", "1", "--out", out], uuid.uuid4().hex)
+    printed, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert read_metrics(out)["workers"] == 2 and "(2 workers)" in printed

@@ -68,7 +68,8 @@ def build_parser():
     p.add_argument("--network-interface", default=None, metavar="IFACE",
                    help="--engine horovod: the interface the workers talk over (default: Horovod's choice; lo for "
                         "--elastic, whose hosts are this machine's)")
-    p.add_argument("--hostfile", help="one host per line ([user@]host[:ssh-port]); default: all local")
+    p.add_argument("--hostfile", help="one host per line ([user@]host[:ssh-port]; --engine horovod: Horovod's and "
+                                      "MPI's HOST slots=N); default: all local")
     p.add_argument("--scheduler-host", default=None,
                    help="address the other hosts reach this machine's scheduler at (default: in a Slurm "
                         "allocation this node's NodeAddr, else its hostname's)")
@@ -269,6 +270,8 @@ def horovod_plan(args, job, restart=0, hosts=None):
     if args.elastic:
         argv += ["--min-np", str(args.min_workers), "--max-np", str(args.max_workers or args.num_workers),
                  "--host-discovery-script", os.path.abspath(args.host_discovery_script)]
+    elif args.hostfile:  # Horovod's format (MPI's, as Kubeflow's MPIJob writes it): passed on
+        argv += ["--hostfile", os.path.abspath(args.hostfile)]
     elif hosts and len(hosts) > 1:
         argv += ["-H", ",".join(f"{h}:{-(-args.num_workers // len(hosts))}" for h in hosts)]
     else:
@@ -471,11 +474,12 @@ def check_engine(args):
         raise UserError(f"-n {args.num_workers}: --elastic starts between --min-workers {args.min_workers} and "
                         f"--max-workers {most}")
     given = [flag for flag, value in (("-s/--num-servers", args.num_servers != 1), ("--port", args.port),
-                                      ("--scheduler-host", args.scheduler_host), ("--hostfile", args.hostfile))
-             if value]
+                                      ("--scheduler-host", args.scheduler_host),
+                                      ("--hostfile", args.hostfile and args.elastic)) if value]
     if given:
-        raise UserError(f"{given[0]}: not with --engine horovod (Horovod's launcher starts the workers, with no "
-                        "scheduler or servers)")
+        raise UserError(f"{given[0]}: not with --engine horovod{' --elastic' if args.elastic else ''} (Horovod's "
+                        "launcher starts the workers, with no scheduler or servers; an elastic job's hosts come from "
+                        "--host-discovery-script)")
     args.num_servers = 0
 
 
