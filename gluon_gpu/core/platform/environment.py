@@ -127,6 +127,8 @@ def job_whole_numbers():
     return {"DMLC_NUM_WORKER": (1, MAX_JOB_PROCESSES, ""), "DMLC_NUM_SERVER": (1, MAX_JOB_PROCESSES, ""),
             "DMLC_PS_ROOT_PORT": (1, 65535, " (a TCP port)"), "GLUON_GPU_CONNECT_TIMEOUT": (1, 7 * 86400, " seconds"),
             "GLUON_GPU_STALL_TIMEOUT": (1, 7 * 86400, " seconds"),
+            "HOROVOD_RANK": (0, MAX_JOB_PROCESSES - 1, " (Horovod's launcher sets it)"),
+            "HOROVOD_SIZE": (1, MAX_JOB_PROCESSES, " (Horovod's launcher sets it)"),
             "GLUON_GPU_RESTART": (1, 10 ** 6, " (the restart's number, as gluon-gpu-launch sets it)")}
 
 
