@@ -229,8 +229,8 @@ def test_the_kubernetes_manifests_carry_the_contract_the_tests_run():
     test_distributed.mxjob_replicas starts each role with, naming their own role."""
     import yaml
     from gluon_gpu.programs import train
-    mxjob, plain, _ = [list(yaml.safe_load_all(body)) for lang, body, _ in blocks("docs/distributed.md")
-                       if lang == "yaml"]
+    mxjob, plain = [list(yaml.safe_load_all(body)) for lang, body, _ in blocks("docs/distributed.md")
+                    if lang == "yaml"]
     commands = []
     for role, spec in mxjob[0]["spec"]["mxReplicaSpecs"].items():
         container, = spec["template"]["spec"]["containers"]
@@ -256,14 +256,13 @@ def test_the_kubernetes_manifests_carry_the_contract_the_tests_run():
 
 
 def test_the_mpijob_runs_the_horovod_launcher_over_the_hostfile_the_operator_writes():
-    """docs/distributed.md's MPIJob: its launcher pod runs gluon-gpu-launch --engine horovod
+    """docs/horovod.md's MPIJob: its launcher pod runs gluon-gpu-launch --engine horovod
     over the MPI operator's hostfile, as many workers as worker pods, each worker pod the
     image; the launcher passes the hostfile to Horovod's launcher and the workers'
     command is one train accepts, on --kvstore horovod, writing to the shared volume."""
     import yaml
     from gluon_gpu.programs import launch, train
-    *_, (mpijob,) = [list(yaml.safe_load_all(body)) for lang, body, _ in blocks("docs/distributed.md")
-                     if lang == "yaml"]
+    (mpijob,), = [list(yaml.safe_load_all(body)) for lang, body, _ in blocks("docs/horovod.md") if lang == "yaml"]
     assert mpijob["kind"] == "MPIJob" and mpijob["spec"]["slotsPerWorker"] == 1
     specs = mpijob["spec"]["mpiReplicaSpecs"]
     command = specs["Launcher"]["template"]["spec"]["containers"][0]["command"]

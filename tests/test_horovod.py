@@ -246,11 +246,11 @@ def slurm(tmp_path_factory):
 
 
 def test_the_docs_horovod_job_script_runs_in_slurm_and_equals_one_process(slurm, tmp_path):
-    """docs/distributed.md's Horovod job script, submitted as written: two tasks, two
+    """docs/horovod.md's job script, submitted as written: two tasks, two
     Horovod workers, the same parameters as one process with the global batch."""
     import re as regex
     from test_slurm import Submitted
-    with open(os.path.join(REPO, "docs", "distributed.md")) as f:
+    with open(os.path.join(REPO, "docs", "horovod.md")) as f:
         script = next(body for body in regex.findall(r"```sh\n(.*?)```", f.read(), regex.S)
                       if "#SBATCH" in body and "--engine horovod" in body)
     job = Submitted(slurm, tmp_path, script.splitlines()[1:], wait=True)
