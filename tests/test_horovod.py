@@ -177,6 +177,8 @@ def assert_equals_a_resume_from(out, commit, workers, tmp_path):
     assert_same_params(params(os.path.join(out, "net.params")), params(os.path.join(reference, "net.params")))
 
 
+@pytest.mark.xfail(strict=False, reason="known (#55): the surviving worker segfaulted in MXNet once in three runs "
+                   "(a fresh-clone suite with a CPU hog, 2026-12-07) when Horovod's collective failed; passes otherwise")
 def test_elastic_a_worker_killed_mid_epoch_and_the_job_goes_on_with_the_rest(tmp_path):
     script, _ = discovery(tmp_path, "localhost:1", "127.0.0.1:1")
     out, job = str(tmp_path / "run"), uuid.uuid4().hex
