@@ -17,6 +17,7 @@ from mxnet.kvstore.base import KVStoreBase
 
 from ..platform.optional import require_horovod
 
+
 class HorovodStore(KVStoreBase):
     """The kvstore of a Horovod job. Its rank and size come from the variables Horovod's
     launcher sets (HOROVOD_RANK, HOROVOD_SIZE; a process started alone is rank 0 of 1);
