@@ -178,6 +178,9 @@ def test_modes(monkeypatch):
 def _fresh_state(monkeypatch, tmp_path):
     monkeypatch.setattr(fused_conv, "_state", {"loaded": False, "error": None, "warned": False})
     monkeypatch.setenv("GLUON_GPU_CACHE", str(tmp_path / "cache"))
+    # use_fused writes it into os.environ for a re-executed program; "" (unsaid) here, and
+    # monkeypatch removes it at teardown, so no later test's children inherit "said"
+    monkeypatch.setenv(fused_conv.WARNED_ENV, "")
 
 
 def test_without_a_compiler_auto_warns_once_and_on_fails_in_one_line(monkeypatch, tmp_path, capsys):
