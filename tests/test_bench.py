@@ -2,6 +2,7 @@
 benchmark's job, on a quiet machine), and the helpers behind its report."""
 import json
 import os
+import sys
 
 import mxnet as mx
 import pytest
@@ -11,9 +12,10 @@ from gluon_gpu.core.platform.environment import usable_cpus
 from gluon_gpu.core.step import precision
 from gluon_gpu.core.step.precision import BF16_CPU_FLAGS, cpu_flags
 from gluon_gpu.data import augment
+from gluon_gpu.models.zoo import get_model
 from gluon_gpu.programs.bench import accuracy as bench_accuracy
 from gluon_gpu.programs.bench import program as bench
-from gluon_gpu.programs.bench import torch_resnet
+from gluon_gpu.programs.bench import torch_train
 from gluon_gpu.programs.config import RunConfig
 from gluon_gpu.programs.recipes import RECIPES, apply_recipe
 from gluon_gpu.programs.run import lr_scheduler
@@ -341,26 +343,61 @@ def test_pytorch_runs_the_same_lenet_with_the_same_weights(lenet_run, small_fash
                                    {"lr_mode": "step", "lr_decay_epoch": "3,5", "warmup_epochs": 1, "warmup_lr": 0.01},
                                    {}])
 def test_the_pytorch_rows_follow_the_runs_schedule_update_by_update(flags):
-    """torch_resnet.py runs in PyTorch's interpreter, without gluoncv: its rate equals
+    """torch_train.py runs in PyTorch's interpreter, without gluoncv: its rate equals
     gluoncv's LRSequential as run.lr_scheduler builds it, at every update."""
     config = RunConfig(epochs=6, lr=0.1, **flags)
     theirs = lr_scheduler(config, 10)
     for update in range(1, 70):
         expected = theirs(update) if theirs else config.lr
-        assert torch_resnet.learning_rate(config.to_dict(), update, 10) == pytest.approx(expected, abs=1e-12), update
+        assert torch_train.learning_rate(config.to_dict(), update, 10) == pytest.approx(expected, abs=1e-12), update
 
 
 def test_the_pytorch_rows_train_what_the_run_trains_or_say_what_they_cannot():
-    assert (torch_resnet.ERASE_AREA, torch_resnet.ERASE_ASPECT) == (augment.ERASE_AREA, augment.ERASE_ASPECT)
+    assert (torch_train.ERASE_AREA, torch_train.ERASE_ASPECT) == (augment.ERASE_AREA, augment.ERASE_ASPECT)
     for preset, spelled in augment.PRESETS.items():  # the same defaults and presets as gluon_gpu's augment.py
-        assert torch_resnet.parse_augment(preset) == augment.parse_augment(spelled)
+        assert torch_train.parse_augment(preset) == augment.parse_augment(spelled)
     config = apply_recipe(RunConfig(recipe="fast94"), given=set()).to_dict()
-    assert torch_resnet.refused(config) == ""
-    assert torch_resnet.refused(apply_recipe(RunConfig(recipe="resnet20"), given=set()).to_dict()).startswith("ema")
-    assert torch_resnet.refused({**config, "ema": 0, "tta": "flip,shift=1"}) == ""  # no average; views it takes
-    for change, why in (({"model": "lenet"}, "model lenet"), ({"mixup": 0.2}, "mixup 0.2"), ({"ema": 0.99}, "ema"),
+    assert torch_train.refused(config) == ""
+    assert torch_train.refused(apply_recipe(RunConfig(recipe="resnet20"), given=set()).to_dict()).startswith("ema")
+    assert torch_train.refused({**config, "ema": 0, "tta": "flip,shift=1"}) == ""  # no average; views it takes
+    assert torch_train.refused({**config, "model": "lenet"}) == ""
+    for change, why in (({"model": "mlp"}, "model mlp"), ({"mixup": 0.2}, "mixup 0.2"), ({"ema": 0.99}, "ema"),
                         ({"augment": "flip,jitter"}, "augment jitter"), ({"lr_mode": "poly"}, "lr_mode poly")):
-        assert torch_resnet.refused({**config, **change}).startswith(why)
+        assert torch_train.refused({**config, **change}).startswith(why)
+
+
+@pytest.mark.skipif(not os.environ.get("GLUON_GPU_TORCH_PYTHON"),
+                    reason="GLUON_GPU_TORCH_PYTHON names no interpreter with PyTorch")
+def test_the_scaling_table_times_pytorch_eager_training_the_same_lenet(small_fashion, tmp_path, capsys):
+    out = str(tmp_path / "bench")
+    assert bench.main(["--devices", "cpu", "--epochs", "3", "--data-dir", small_fashion, "--limit", "4096",
+                       "--baseline", "none", "--torch-python", os.environ["GLUON_GPU_TORCH_PYTHON"], "--out", out,
+                       "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    report = json.load(open(os.path.join(out, "bench.json")))
+    pytorch, ours = report["pytorch"], report["results"][0]
+    assert len(pytorch["runs"][0]["seconds"]) == 3 and pytorch["threads"] >= 1 and "PyTorch (cpu)" in printed
+    assert ours["vs_pytorch"] == pytest.approx(pytorch["median_epoch_s"] / ours["median_epoch_s"])
+    net = get_model("lenet")
+    net.initialize()
+    net(mx.nd.zeros((1, 1, 28, 28)))
+    assert pytorch["parameters"] == sum(p.data().size for p in net.collect_params().values())  # the same network
+    assert pytorch["val_acc"] > 0.3 and ours["val_acc"] > 0.3  # both learned (chance: 0.1)
+
+
+def test_pytorch_rows_only_where_pytorch_has_rows(tmp_path, capsys):
+    for flags, where in ((["--ensemble", "2"], "--ensemble"), (["--workers", "2"], "--workers"),
+                         (["--dtype", "float32", "bfloat16"], "several --dtype")):
+        assert bench.main(["--devices", "cpu", "--torch-python", sys.executable, "--out", str(tmp_path / "b"),
+                           *flags]) == 2
+        assert capsys.readouterr().err.strip().startswith("gluon_gpu.bench: error: --torch-python: PyTorch has rows "
+                                                           f"in the scaling table, --inference and --to-accuracy, "
+                                                           f"not with {where}")
+    assert bench.main(["--devices", "cpu", "--torch-python", sys.executable, "--model", "mlp", "--limit", "256",
+                       "--out", str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err.strip() == ("gluon_gpu.bench: error: --torch-python: the PyTorch row cannot train "
+                                               "this: model mlp: the PyTorch rows train lenet, cifar_resnet20_v1, "
+                                               "cifar_resnet56_v1, cifar_resnet110_v1")
 
 
 @pytest.mark.skipif(not os.environ.get("GLUON_GPU_TORCH_PYTHON"),

@@ -135,9 +135,9 @@ def test_predict_with_tta_gives_the_views_mean(run, capsys):
 
 @pytest.mark.parametrize("text", ["flip", "shift=2", "flip,shift=1"])
 def test_the_pytorch_rows_take_the_same_views(text):
-    """torch_resnet.py imports nothing of gluon_gpu (PyTorch's interpreter has no MXNet):
+    """torch_train.py imports nothing of gluon_gpu (PyTorch's interpreter has no MXNet):
     its views are written again there, and must stay the same."""
-    from gluon_gpu.programs.bench import torch_resnet
+    from gluon_gpu.programs.bench import torch_train
     x = np.random.default_rng(0).integers(0, 255, (3, 1, 6, 6), dtype=np.uint8)
-    ours, theirs = parse_tta(text).numpy_views(x), torch_resnet.tta_views(text)(x)
+    ours, theirs = parse_tta(text).numpy_views(x), torch_train.tta_views(text)(x)
     assert len(ours) == len(theirs) and all(np.array_equal(a, b) for a, b in zip(ours, theirs))

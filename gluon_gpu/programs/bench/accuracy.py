@@ -1,7 +1,7 @@
 """``bench --to-accuracy ACC``: the wall time until the validation accuracy reaches ACC,
 ours against the baseline loop (the tutorial's, or GluonCV's for zoo models) trained
 with the same recipe, in one invocation; with ``--torch-python PY``, against PyTorch
-eager too, float32 and under bfloat16 autocast (a CIFAR ResNet v1: torch_resnet.py).
+eager too, float32 and under bfloat16 autocast (LeNet or a CIFAR ResNet v1: torch_train.py).
 
 Both train the ``--recipe`` (or the plain flags) on the first ``--devices`` spec and
 validate after every epoch inside the timed span (validation is part of the time to an
@@ -27,7 +27,7 @@ from .. import tutorial_loop
 from ..config import RunConfig
 from ..recipes import apply_recipe
 from ..run import build_run
-from . import torch_resnet
+from . import torch_train
 from .timing import figure, machine_info, machine_words, text_table
 from .torch_child import save_samples, torch_lines
 
@@ -100,10 +100,10 @@ def pytorch(args, config, data, bar):
 
 
 def torch_curve(args, samples, path, settings, dtype, bar):
-    """``[(seconds so far, val-acc)]`` of one PyTorch run (torch_resnet.py)."""
+    """``[(seconds so far, val-acc)]`` of one PyTorch run (torch_train.py)."""
     write_json(path, settings)
     curve = []
-    for line in torch_lines(args.torch_python, torch_resnet.__file__, samples, path, args.to_accuracy, dtype,
+    for line in torch_lines(args.torch_python, torch_train.__file__, samples, path, args.to_accuracy, dtype,
                             seconds=args.timeout):
         epoch = json.loads(line)
         curve.append((epoch["seconds"], epoch["val_acc"]))
@@ -120,7 +120,7 @@ def row(name, curve, target):
 def run_to_accuracy(args, config, data, bar):
     if args.baseline == "tutorial":  # what a loop cannot train is said before any trains
         tutorial_loop.check_recipe(config, data.spec.input_shape[1:])
-    why = torch_resnet.refused(config.to_dict()) if args.torch_python else ""
+    why = torch_train.refused(config.to_dict()) if args.torch_python else ""
     if why:
         raise UserError(f"`torch_python`: the PyTorch rows cannot train this: {why}")
     rows = [row(f"gluon_gpu {config.dtype}", ours(config, data, args.to_accuracy, bar), args.to_accuracy)]

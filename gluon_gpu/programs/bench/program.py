@@ -38,8 +38,9 @@ from ...models.zoo import model_for
 from ..cli import Parser, main_guard, non_negative_int, positive_int, progress_enabled, unit_fraction
 from ..config import COMMON_FLAGS, add_flags
 from ..train import check_writable
-from . import accuracy, children, ensembles, inference, sweep, variants
-from .timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours, time_tutorial
+from . import accuracy, children, ensembles, inference, sweep, torch_train, variants
+from .timing import (TIMES, figure, machine_info, peak_rss_mib, scaling_config, summarize, text_table, time_ours,
+                     time_pytorch, time_tutorial)
 
 
 def build_parser():
@@ -70,8 +71,8 @@ def build_parser():
     p.add_argument("--engines", default=None, metavar="LIST",
                    help="--inference: time only these engines, in this process (the benchmark runs each group so)")
     p.add_argument("--torch-python", default=None, metavar="PY",
-                   help="an interpreter with PyTorch, for the PyTorch eager rows: --inference (LeNet runs), "
-                        "--to-accuracy (CIFAR ResNets v1, float32 and bfloat16 autocast)")
+                   help="an interpreter with PyTorch, for the PyTorch eager rows: the scaling table (LeNet, "
+                        "CIFAR ResNets v1), --inference (LeNet runs), --to-accuracy (float32 and bfloat16 autocast)")
     p.add_argument("--out", default="bench-out", help="directory for bench.json and scaling.png")
     p.add_argument("--timeout", type=non_negative_int, default=children.TIMEOUT_SECONDS, metavar="SECONDS",
                    help="stop a child process of the benchmark (a training job, a variant, PyTorch's loop) that runs "
@@ -135,22 +136,26 @@ def concurrent_contexts(ctx):
     return len(ctx) if ctx[0].device_type == "gpu" else min(len(ctx), cpu_contexts())
 
 
-def format_table(rows, tutorial):
+def format_table(rows, tutorial, pytorch=None):
     columns = [("devices", 16, lambda r: r["name"]), *TIMES,
                ("samples/s", 11, figure("samples_per_s", ".0f")), ("speedup", 9, figure("speedup", ".2f", "x")),
                ("eff.", 7, figure("efficiency", ".0%")), ("exchange", 10, figure("exchange_share", ".1%")),
-               ("cores busy", 12, figure("cores_busy", ".2f")), ("vs tutorial", 13, figure("vs_tutorial", ".2f", "x")),
-               ("val-acc", 9, figure("val_acc", ".4f"))]
+               ("cores busy", 12, figure("cores_busy", ".2f")), ("vs tutorial", 13, figure("vs_tutorial", ".2f", "x"))]
+    columns += [("vs PyTorch", 12, figure("vs_pytorch", ".2f", "x"))] if pytorch else []
+    columns += [("val-acc", 9, figure("val_acc", ".4f"))]
     baseline = [{**tutorial, "name": f"tutorial ({tutorial['name']})", "speedup": "", "efficiency": "",
                  "vs_tutorial": 1.0}] if tutorial else []
+    baseline += [{**pytorch, "name": f"PyTorch ({pytorch['name']})", "speedup": "", "efficiency": "",
+                  "vs_pytorch": 1.0}] if pytorch else []
     return text_table(columns, rows + baseline)
 
 
-def plot(rows, tutorial, path):
-    names = [r["name"] for r in rows] + (["tutorial"] if tutorial else [])
-    speeds = [r["samples_per_s"] for r in rows] + ([tutorial["samples_per_s"]] if tutorial else [])
+def plot(rows, tutorial, path, pytorch=None):
+    others = [(name, row) for name, row in (("tutorial", tutorial), ("PyTorch eager", pytorch)) if row]
+    names = [r["name"] for r in rows] + [name for name, _ in others]
+    speeds = [r["samples_per_s"] for r in rows] + [row["samples_per_s"] for _, row in others]
     fig, (ax_speed, ax_eff) = subplots(1, 2, figsize=(10, 4))
-    bars = ax_speed.bar(names, speeds, color=["C0"] * len(rows) + (["C7"] if tutorial else []))
+    bars = ax_speed.bar(names, speeds, color=["C0"] * len(rows) + ["C7", "C3"][:len(others)])
     ax_speed.tick_params(axis="x", labelrotation=20)
     ax_speed.bar_label(bars, fmt="%.0f")
     ax_speed.set_ylabel("samples/s (median epoch)")
@@ -210,6 +215,20 @@ def check_engines(args):
         require_horovod("--kvstore horovod")
 
 
+def check_torch_python(args, combinations):
+    """--torch-python: only where PyTorch has rows (the scaling table, --inference,
+    --to-accuracy)."""
+    if not args.torch_python:
+        return
+    elsewhere = [flag for flag, given in (("--ensemble", args.ensemble), ("--sweep", args.sweep or args.sweep_random),
+                                          ("--workers", args.workers), ("several --dtype, --omp-threads or "
+                                                                        "--engine-threads values", combinations > 1))
+                 if given]
+    if elsewhere:
+        raise UserError(f"--torch-python: PyTorch has rows in the scaling table, --inference and --to-accuracy, "
+                        f"not with {elsewhere[0]}")
+
+
 def run_workers(args):
     """One plain process, then a job of each --workers count on each --kvstore engine."""
     rows, kvstores = [], args.kvstore or ["dist_sync"]
@@ -246,6 +265,7 @@ def main(argv=None):
     check_writable(args.out)
     check_engines(args)
     combinations = variants.variants(args)
+    check_torch_python(args, len(combinations))
     if len(combinations) > 1 and args.workers:
         raise UserError("several --dtype, --omp-threads or --engine-threads values compare plain runs and "
                         "ensembles; time --workers once per value")
@@ -281,8 +301,9 @@ def run_scaling(args, data):
     first, and the tutorial loop with --baseline tutorial."""
     modes, augments = list(dict.fromkeys(args.fused_conv)), list(dict.fromkeys(args.augment))
     total = args.epochs * args.repeats * (len(args.devices) * len(modes) * len(augments)
-                                          + (args.baseline == "tutorial"))
-    rows, tutorial = [], None
+                                          + (args.baseline == "tutorial") + bool(args.torch_python))
+    rows, tutorial, pytorch = [], None, None
+    torch_config = torch_config_for(args, data.spec) if args.torch_python else None  # checked before any training
     with tqdm(total=total, desc="bench", unit="epoch", disable=not progress_enabled(args)) as bar:
         for mode in modes:
             for augment in augments:
@@ -295,22 +316,38 @@ def run_scaling(args, data):
         if args.baseline == "tutorial":
             tutorial = summarize(args.devices[0], time_tutorial(args, data.decoded(), bar), len(data.train_x),
                                  len(parse_devices(args.devices[0])))
-    _compare(rows, tutorial)
+        if args.torch_python:
+            runs = time_pytorch(args, torch_config, data.decoded(), bar)
+            pytorch = {**summarize(args.devices[0], runs, len(data.train_x), len(parse_devices(args.devices[0]))),
+                       **{key: runs[0][key] for key in ("torch", "threads", "parameters")}}
+    _compare(rows, tutorial, pytorch)
     floor = _compute_floor(args, data, rows)
-    _print_scaling(rows, tutorial, floor, augments)
+    _print_scaling(rows, tutorial, floor, augments, pytorch)
     rss, child_rss = peak_rss_mib()
     print(f"peak RSS: {rss:.0f} MiB (largest DataLoader worker: {child_rss:.0f} MiB)")
     report = {"config": {k: v for k, v in vars(args).items()}, "machine": machine_info(),
-              "results": rows, "tutorial": tutorial, "compute_floor": floor,
+              "results": rows, "tutorial": tutorial, "pytorch": pytorch, "compute_floor": floor,
               "peak_rss_mib": rss, "peak_child_rss_mib": child_rss}
     write_json(os.path.join(args.out, "bench.json"), report)
-    plot(rows, tutorial, os.path.join(args.out, "scaling.png"))
+    plot(rows, tutorial, os.path.join(args.out, "scaling.png"), pytorch)
     print(f"wrote {args.out}/bench.json and {args.out}/scaling.png")
     return 0
 
 
-def _compare(rows, tutorial):
-    """Speedup and efficiency against the first spec in the same mode and augmentation."""
+def torch_config_for(args, spec):
+    """The configuration PyTorch's row trains (ours on the first spec, the network named),
+    or a UserError saying what it cannot train."""
+    config = scaling_config(args, args.devices[0]).to_dict()
+    config["model"] = model_for(args.model, spec.input_shape)
+    why = torch_train.refused(config)
+    if why:
+        raise UserError(f"--torch-python: the PyTorch row cannot train this: {why}")
+    return {**config, "epochs": args.epochs}
+
+
+def _compare(rows, tutorial, pytorch=None):
+    """Speedup and efficiency against the first spec in the same mode and augmentation;
+    epoch time against the tutorial's loop and PyTorch's, when they ran."""
     for r in rows:
         base = next(b for b in rows if (b["fused_conv_mode"], b["augment"]) == (r["fused_conv_mode"], r["augment"]))
         plain = next(b for b in rows if (b["fused_conv_mode"], b["spec"]) == (r["fused_conv_mode"], r["spec"]))
@@ -319,6 +356,8 @@ def _compare(rows, tutorial):
         r["efficiency"] = r["speedup"] / (r["devices"] / base["devices"])
         if tutorial:
             r["vs_tutorial"] = tutorial["median_epoch_s"] / r["median_epoch_s"]
+        if pytorch:
+            r["vs_pytorch"] = pytorch["median_epoch_s"] / r["median_epoch_s"]
 
 
 def _compute_floor(args, data, rows):
@@ -336,9 +375,12 @@ def _compute_floor(args, data, rows):
     return {"gflop_per_epoch": flops / 1e9, "matmul_gflops": gflops}
 
 
-def _print_scaling(rows, tutorial, floor, augments):
+def _print_scaling(rows, tutorial, floor, augments, pytorch=None):
     threads = thread_settings()
-    print(format_table(rows, tutorial))
+    print(format_table(rows, tutorial, pytorch))
+    if pytorch:
+        print(f"PyTorch: {pytorch['torch']} eager, float32, its default threads ({pytorch['threads']}), the same "
+              "network, batch, optimizer and data; its epoch is the training steps alone, as ours")
     if any("exchange_share" in r for r in rows):
         print("exchange: the share of the epoch the gradient exchange costs (the data-parallel overhead): "
               "each epoch alternated with the same steps minus the exchange, median of the pairs")

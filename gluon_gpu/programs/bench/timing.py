@@ -1,10 +1,13 @@
 """Timing real training epochs for the benchmark: ours for a spec and a configuration,
 the baseline loop, the summary row of a set of runs, and the text table of rows (shared
 by bench.py and its ensemble and variant modes)."""
+import json
+import os
 import platform
 import resource
 import statistics
 import subprocess
+import tempfile
 import time
 
 import mxnet as mx
@@ -13,24 +16,34 @@ from ...core.loop.fit import train_epoch
 from ...core.platform.devices import gpu_count, parse_devices, thread_settings
 from ...core.platform.environment import bfloat16_isa, cpu_model
 from ...core.platform.environment import usable_cpus
+from ...core.platform.files import write_json
+from ...core.platform.pools import process_temp_dir
 from ...core.state.version import __version__
 from ...models.fused_conv import is_fused
 from ...models.zoo import model_for
 from .. import tutorial_loop
 from ..config import RunConfig
 from ..run import build_run
+from . import torch_train
+from .torch_child import save_samples, torch_lines
+
+
+def scaling_config(args, spec, members=1, fused_conv=None, layout="auto", augment="", **flags):
+    """The run configuration the benchmark times on ``spec``; ``flags``: other RunConfig
+    values (a sweep's, or one of its configurations)."""
+    return RunConfig(**{**dict(devices=spec, batch_size=args.batch_size, model=args.model, lr=args.lr,
+                               pipeline=args.pipeline[0], loader_workers=args.loader_workers, quiet=True, ensemble=members,
+                               ensemble_layout=layout, fused_conv=fused_conv or args.fused_conv[0],
+                               bucket_mb=args.bucket_mb, limit=args.limit, dataset=args.dataset,
+                               data_dir=args.data_dir, image_size=args.image_size, dtype=args.dtype[0], amp=args.amp,
+                               bfloat16_kernels=args.bfloat16_kernels, augment=augment), **flags})
 
 
 def time_ours(args, spec, bar, data, members=1, fused_conv=None, layout="auto", augment="", **flags):
     """Epoch seconds of gluon_gpu on ``spec`` and the validation accuracy after training;
     ``flags``: other RunConfig values (a sweep's, or one of its configurations)."""
     ctx = parse_devices(spec)
-    config = RunConfig(**{**dict(devices=spec, batch_size=args.batch_size, model=args.model, lr=args.lr,
-                                 pipeline=args.pipeline[0], loader_workers=args.loader_workers, quiet=True, ensemble=members,
-                                 ensemble_layout=layout, fused_conv=fused_conv or args.fused_conv[0],
-                                 bucket_mb=args.bucket_mb, limit=args.limit, dataset=args.dataset,
-                                 data_dir=args.data_dir, image_size=args.image_size, dtype=args.dtype[0], amp=args.amp,
-                                 bfloat16_kernels=args.bfloat16_kernels, augment=augment), **flags})
+    config = scaling_config(args, spec, members, fused_conv, layout, augment, **flags)
     runs = []
     for _ in range(args.repeats):
         run = build_run(config, ctx, data=data)
@@ -64,6 +77,28 @@ def time_tutorial(args, data, bar):
                                          args.batch_size, args.loader_workers, on_epoch=lambda *_: bar.update(1),
                                          model=model, classes=data.spec.outputs)
         runs.append({"seconds": seconds, "val_acc": acc})
+    return runs
+
+
+def time_pytorch(args, config, data, bar):
+    """Epoch seconds (training alone) of PyTorch eager training ``config`` (a run
+    configuration's dict: the same network, batch, optimizer and data as ours) in
+    torch_train.py under ``--torch-python``, at its default threads, and its validation
+    accuracy after the last epoch."""
+    runs = []
+    with tempfile.TemporaryDirectory(dir=process_temp_dir()) as scratch:
+        samples, path = os.path.join(scratch, "samples.npz"), os.path.join(scratch, "config.json")
+        save_samples(samples, data.spec, train_x=data.train_x, train_y=data.train_y, val_x=data.val_x,
+                     val_y=data.val_y)
+        for _ in range(args.repeats):
+            write_json(path, config)
+            epochs = []
+            for line in torch_lines(args.torch_python, torch_train.__file__, samples, path, "none", "float32",
+                                    seconds=args.timeout):
+                epochs.append(json.loads(line))
+                bar.update(1)
+            runs.append({"seconds": [e["train_seconds"] for e in epochs], "val_acc": epochs[-1]["val_acc"],
+                         **{key: epochs[-1][key] for key in ("torch", "threads", "parameters")}})
     return runs
 
 

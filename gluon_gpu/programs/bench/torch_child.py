@@ -1,6 +1,6 @@
 """PyTorch's rows of the benchmark run in another interpreter (``--torch-python``):
 gluoncv refuses to import beside PyTorch 2, so never in gluon_gpu's process. The
-scripts (torch_lenet.py, torch_resnet.py) import nothing of gluon_gpu or MXNet."""
+scripts (torch_lenet.py, torch_train.py) import nothing of gluon_gpu or MXNet."""
 import numpy as np
 
 from .children import lines

@@ -23,13 +23,11 @@ def save_weights(net, path):
 def main(weights, inputs, batch, repeats):
     import torch
     from torch import nn
+    from torch_train import lenet  # pylint: disable=import-outside-toplevel  # its neighbour, as a script
     torch.set_grad_enabled(False)
     w = np.load(weights)
     arrays = [torch.from_numpy(w[f"a{i}"]) for i in range(len(w.files))]
-    net = nn.Sequential(nn.Conv2d(arrays[0].shape[1], 6, 5), nn.ReLU(), nn.MaxPool2d(2, 2),
-                        nn.Conv2d(6, 16, 3), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Flatten(),
-                        nn.Linear(arrays[4].shape[1], 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
-                        nn.Linear(84, arrays[-1].shape[0])).eval()
+    net = lenet(nn, arrays[0].shape[1], arrays[-1].shape[0]).eval()
     layers = [m for m in net if isinstance(m, (nn.Conv2d, nn.Linear))]
     for layer, (weight, bias) in zip(layers, zip(arrays[0::2], arrays[1::2])):
         layer.weight.copy_(weight)

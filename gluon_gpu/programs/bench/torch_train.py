@@ -1,17 +1,20 @@
-"""gluoncv's CIFAR ResNet v1 (``cifar_resnet20_v1`` and its deeper kin) in PyTorch eager,
-trained with a gluon_gpu run configuration: the PyTorch rows of ``bench --to-accuracy``.
-Run as a script by an interpreter that has PyTorch (gluoncv refuses to import beside
-PyTorch 2, so never in gluon_gpu's process):
+"""gluon_gpu's networks in PyTorch eager, trained with a gluon_gpu run configuration:
+the tutorial's LeNet (the PyTorch row of the scaling table, ``bench --torch-python``)
+and gluoncv's CIFAR ResNet v1 (``cifar_resnet20_v1`` and its deeper kin: the PyTorch
+rows of ``bench --to-accuracy``). Run as a script by an interpreter that has PyTorch
+(gluoncv refuses to import beside PyTorch 2, so never in gluon_gpu's process):
 
-    PY torch_resnet.py DATA.npz CONFIG.json TARGET float32|bfloat16
+    PY torch_train.py DATA.npz CONFIG.json TARGET|none float32|bfloat16
 
 DATA.npz: the stored samples (``train_x``, ``train_y``, ``val_x``, ``val_y``, uint8
 images as gluon_gpu keeps them) and the normalization (``mean``, ``std``, ``scale``);
 CONFIG.json: the run's configuration (recipe applied). ``bfloat16``: the step under
 ``torch.autocast("cpu", dtype=torch.bfloat16)``. Prints one JSON line per epoch,
-``{"seconds", "val_acc"}`` (seconds since the start, training and validation), until
-the validation accuracy reaches TARGET or the last epoch. Imports nothing of gluon_gpu
-or MXNet when run so; a configuration it cannot follow is one line on stderr, exit 2.
+``{"seconds", "train_seconds", "val_acc", "torch", "threads", "parameters"}`` (seconds
+since the start, training and validation; the epoch's training alone; PyTorch's version
+and threads; the network's parameter count), until the validation accuracy reaches TARGET
+(``none``: every epoch) or the last epoch. Imports nothing of gluon_gpu or MXNet when
+run so; a configuration it cannot follow is one line on stderr, exit 2.
 """
 import json
 import math
@@ -28,8 +31,8 @@ ERASE_AREA, ERASE_ASPECT = (0.02, 0.4), (0.3, 1 / 0.3)  # as gluon_gpu's augment
 
 def refused(config):
     """What of ``config`` this script cannot train as gluon_gpu would, or ''."""
-    if config["model"] not in DEPTHS:
-        return f"model {config['model']}: the PyTorch rows train {', '.join(DEPTHS)}"
+    if config["model"] not in ("lenet", *DEPTHS):
+        return f"model {config['model']}: the PyTorch rows train lenet, {', '.join(DEPTHS)}"
     for name, default in DEFAULTS.items():
         if (config.get(name) or default) != default and not (name == "optimizer" and config[name] == "nag"):
             return f"{name} {config[name]}: not in the PyTorch rows' recipe"
@@ -49,7 +52,25 @@ def parse_augment(text):
     return chosen
 
 
-def build(torch, nn, depth, channels, classes):
+def build(torch, nn, model, channels, classes):
+    """``model`` (lenet or a CIFAR ResNet v1) for ``channels``-channel images."""
+    return lenet(nn, channels, classes) if model == "lenet" else resnet(torch, nn, DEPTHS[model], channels, classes)
+
+
+def lenet(nn, channels, classes):
+    """The tutorial's LeNet (models/lenet.py) for 28x28 images, initialized as gluon_gpu
+    initializes it (``mx.init.Xavier()``: uniform, fan average, magnitude 3; zero biases)."""
+    net = nn.Sequential(nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2, 2),
+                        nn.Conv2d(6, 16, 3), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Flatten(),
+                        nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, classes))
+    for layer in net:
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            nn.init.xavier_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
+    return net
+
+
+def resnet(torch, nn, depth, channels, classes):
     class Block(nn.Module):  # CIFARBasicBlockV1: relu(body(x) + (downsample(x) or x))
         def __init__(self, cin, cout, stride):
             super().__init__()
@@ -128,7 +149,7 @@ class Trainer:
         self.train_x, self.train_y = data["train_x"], torch.from_numpy(data["train_y"].astype(np.int64))
         self.val_x, self.val_y = data["val_x"], data["val_y"].astype(np.int64)
         self.views = tta_views(config.get("tta") or "")
-        self.net = build(torch, nn, DEPTHS[config["model"]], self.train_x.shape[1], int(data["classes"]))
+        self.net = build(torch, nn, config["model"], self.train_x.shape[1], int(data["classes"]))
         flat = [p for p in self.net.parameters() if config.get("no_wd") and p.ndim == 1]
         rest = [p for p in self.net.parameters() if not (config.get("no_wd") and p.ndim == 1)]
         self.optimizer = torch.optim.SGD([{"params": rest, "weight_decay": config.get("wd", 0.0)},
@@ -192,18 +213,23 @@ def main(data_path, config_path, target, dtype):
         config = json.load(f)
     why = refused(config)
     if why:
-        print(f"torch_resnet: {why}", file=sys.stderr)
+        print(f"torch_train: {why}", file=sys.stderr)
         return 2
     trainer = Trainer(torch, config, np.load(data_path), dtype == "bfloat16")
     start = time.perf_counter()
     for epoch in range(config["epochs"]):
+        epoch_start = time.perf_counter()
         trainer.epoch(epoch)
+        train_seconds = time.perf_counter() - epoch_start
         accuracy = trainer.accuracy()
-        print(json.dumps({"seconds": time.perf_counter() - start, "val_acc": accuracy}), flush=True)
-        if accuracy >= target:
+        print(json.dumps({"seconds": time.perf_counter() - start, "train_seconds": train_seconds,
+                          "val_acc": accuracy, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                          "parameters": sum(p.numel() for p in trainer.net.parameters())}),
+              flush=True)
+        if target is not None and accuracy >= target:
             break
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]))
+    sys.exit(main(sys.argv[1], sys.argv[2], None if sys.argv[3] == "none" else float(sys.argv[3]), sys.argv[4]))
