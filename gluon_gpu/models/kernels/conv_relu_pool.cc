@@ -110,6 +110,32 @@ void forward_impl(const Dims& d, const float* __restrict x, const float* __restr
   }
 }
 
+// One kernel row's weight gradient (input channel row ``xr``: the image's row kh of channel
+// c) over one image's pool windows, from their routed gradients ``gw`` ([window][position]):
+// K accumulators in registers across the windows (KC: K known when compiled), added to dw.
+template <int FB, int KC>
+inline void weight_row(const Dims& d, int K, const float* __restrict xr, const vec<FB>* __restrict gw,
+                       vec<FB>* __restrict dw) {
+  using v = vec<FB>;
+  constexpr int KA = KC ? KC : 1;
+  v acc[KA] = {};
+  for (int64_t py = 0; py < d.ph; ++py)
+    for (int64_t px = 0; px < d.pw; ++px) {
+      const v* g = gw + (py * d.pw + px) * 4;
+      const float* xp = xr + 2 * py * d.w + 2 * px;
+      const float* xq = xp + d.w;
+      if (KC) {
+        for (int kw = 0; kw < KA; ++kw)
+          acc[kw] += xp[kw] * g[0] + xp[kw + 1] * g[1] + xq[kw] * g[2] + xq[kw + 1] * g[3];
+      } else {
+        for (int kw = 0; kw < K; ++kw)
+          dw[kw] += xp[kw] * g[0] + xp[kw + 1] * g[1] + xq[kw] * g[2] + xq[kw + 1] * g[3];
+      }
+    }
+  if (KC)
+    for (int kw = 0; kw < KA; ++kw) dw[kw] += acc[kw];
+}
+
 template <int FB, int KC>
 void backward_impl(const Dims& d, bool data_grad, const float* __restrict dy,
                    const float* __restrict x, const float* __restrict w,
@@ -120,6 +146,10 @@ void backward_impl(const Dims& d, bool data_grad, const float* __restrict dy,
   const int64_t taps = d.c * K * K, fbs = (d.f + FB - 1) / FB, plane = d.ph * d.pw;
   const int64_t cbs = (d.c + CB - 1) / CB, kk = K * K, hw = d.h * d.w;
   std::vector<v> dwp(fbs * taps, v{});
+  // one image's pool gradients routed to their window positions: [window][position 0..3],
+  // a vector of the block's output channels; written lane by lane in a pass of their own,
+  // so the passes that read them whole never wait on a store
+  std::vector<v> gw(plane * 4);
   // for the data gradient: weights as [C/CB][F][K*K][CB], one image's gradient as [C/CB][H*W][CB]
   std::vector<vc> wc, dxt;
   if (data_grad) {
@@ -134,31 +164,32 @@ void backward_impl(const Dims& d, bool data_grad, const float* __restrict dy,
     const float* xn = x + n * d.xs;
     if (data_grad) std::fill(dxt.begin(), dxt.end(), vc{});
     for (int64_t fb = 0; fb < fbs; ++fb) {
-      v* dwb = dwp.data() + fb * taps;
       const int64_t nf = std::min<int64_t>(FB, d.f - fb * FB);
+      // the pool's gradient, routed to its maximum where the relu passed it (branch-free:
+      // the relu passes half the time)
+      std::fill(gw.begin(), gw.end(), v{});
+      for (int64_t l = 0; l < nf; ++l) {
+        const int64_t first = n * d.ys + (fb * FB + l) * plane;
+        float bias = 0.f;
+        for (int64_t j = 0; j < plane; ++j) {
+          const float gv = y[first + j] > 0.f ? dy[first + j] : 0.f;
+          gw[j * 4 + m[first + j]][l] = gv;
+          bias += gv;
+        }
+        dbp[fb][l] += bias;
+      }
+      v* dwb = dwp.data() + fb * taps;
+      for (int64_t c = 0; c < d.c; ++c)
+        for (int kh = 0; kh < K; ++kh)
+          weight_row<FB, KC>(d, K, xn + (c * d.h + kh) * d.w, gw.data(), dwb + (c * K + kh) * K);
+      if (!data_grad) continue;
+      const int64_t offs[4] = {0, 1, d.w, d.w + 1};
       for (int64_t py = 0; py < d.ph; ++py)
         for (int64_t px = 0; px < d.pw; ++px) {
-          // the pool's gradient, routed to its maximum where the relu passed it
-          v g[4] = {};
-          for (int64_t l = 0; l < nf; ++l) {  // branch-free: the relu passes half the time
-            const int64_t i = n * d.ys + (fb * FB + l) * plane + py * d.pw + px;
-            const float gv = y[i] > 0.f ? dy[i] : 0.f;
-            g[m[i]][l] = gv;
-            dbp[fb][l] += gv;
-          }
-          const int64_t x00 = (2 * py) * d.w + 2 * px;
-          for (int64_t c = 0; c < d.c; ++c)
-            for (int kh = 0; kh < K; ++kh)
-              for (int kw = 0; kw < K; ++kw) {
-                const float* xp = xn + x00 + (c * d.h + kh) * d.w + kw;
-                dwb[(c * K + kh) * K + kw] +=
-                    xp[0] * g[0] + xp[1] * g[1] + xp[d.w] * g[2] + xp[d.w + 1] * g[3];
-              }
-          if (!data_grad) continue;
-          const int64_t offs[4] = {0, 1, d.w, d.w + 1};
+          const int64_t x00 = (2 * py) * d.w + 2 * px, j = py * d.pw + px;
           for (int64_t l = 0; l < nf; ++l) {  // each channel's one window position; no branch
-            const int64_t i = n * d.ys + (fb * FB + l) * plane + py * d.pw + px;
-            const float gv = g[m[i]][l];
+            const int64_t i = n * d.ys + (fb * FB + l) * plane + j;
+            const float gv = gw[j * 4 + m[i]][l];
             const int64_t f = fb * FB + l, at = x00 + offs[m[i]];
             for (int64_t cb = 0; cb < cbs; ++cb) {
               const vc* wt = wc.data() + (cb * d.f + f) * kk;
