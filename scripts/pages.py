@@ -5,7 +5,7 @@ version and the commit):
     .venv/bin/python scripts/pages.py                      # every page (about two hours on 2 cores)
     .venv/bin/python scripts/pages.py performance sweeps   # the ones named
 
-``make pages`` runs the first. The serving and speed-run pages' PyTorch rows need an
+``make pages`` runs the first. The performance, serving and speed-run pages' PyTorch rows need an
 interpreter with PyTorch, named by $GLUON_GPU_TORCH_PYTHON; without it those rows are
 left out. tests/test_docs.py checks that no page is older than the version's
 minor release.
@@ -36,7 +36,7 @@ def main(argv=None):
     for name in names:
         script, page = PAGES[name]
         extra = []
-        if name in ("serving", "speedrun") and os.environ.get("GLUON_GPU_TORCH_PYTHON"):
+        if name in ("performance", "serving", "speedrun") and os.environ.get("GLUON_GPU_TORCH_PYTHON"):
             extra = ["--torch-python", os.environ["GLUON_GPU_TORCH_PYTHON"]]
         print(f"pages: {name}: {script} -> {page}", flush=True)
         if subprocess.run([sys.executable, os.path.join(HERE, script), *extra]).returncode:

@@ -40,14 +40,19 @@ def commit():
 def page(command, report, stdout, accuracy):
     machine = report["machine"]
     measured = stamp(machine)
-    rows = ["| devices | median epoch s | samples/s | speedup | vs tutorial | val-acc |", "| --- | --- | --- | --- | --- | --- |"]
+    pytorch = report.get("pytorch")
+    rows = ["| devices | median epoch s | samples/s | speedup | vs tutorial |" + " vs PyTorch |" * bool(pytorch)
+            + " val-acc |", "| --- " * (6 + bool(pytorch)) + "|"]
     for r in report["results"]:
         rows.append(f"| `{r['name']}` | {r['median_epoch_s']:.2f} | {r['samples_per_s']:.0f} | {r['speedup']:.2f}x | "
-                    f"{r.get('vs_tutorial', float('nan')):.2f}x | {r['val_acc']:.4f} |")
-    tutorial = report.get("tutorial")
-    if tutorial:
-        rows.append(f"| MXNet tutorial's loop (`cpu`) | {tutorial['median_epoch_s']:.2f} | "
-                    f"{tutorial['samples_per_s']:.0f} | | 1.00x | {tutorial['val_acc']:.4f} |")
+                    f"{r.get('vs_tutorial', float('nan')):.2f}x |"
+                    + f" {r.get('vs_pytorch', float('nan')):.2f}x |" * bool(pytorch) + f" {r['val_acc']:.4f} |")
+    for name, other, column in (("MXNet tutorial's loop", report.get("tutorial"), 0),
+                                (f"PyTorch {pytorch and pytorch['torch']} eager", pytorch, 1)):
+        if other:
+            ratios = ["1.00x" if i == column else "" for i in range(1 + bool(pytorch))]
+            rows.append(f"| {name} (`{other['name']}`) | {other['median_epoch_s']:.2f} | "
+                        f"{other['samples_per_s']:.0f} | | " + " | ".join(ratios) + f" | {other['val_acc']:.4f} |")
     return "\n".join([
         "# Performance",
         "",
@@ -96,6 +101,9 @@ def headline(report, accuracy=None):
              "MXNet's tutorial loop on the same CPU"]
     if "cpu" in results and best["name"] != "cpu":
         parts.append(f"{best['samples_per_s'] / results['cpu']['samples_per_s']:.2f}x one CPU context")
+    if "cpu" in results and results["cpu"].get("vs_pytorch"):
+        parts.append(f"one CPU context trains it at **{results['cpu']['vs_pytorch']:.2f}x** PyTorch "
+                     f"{report['pytorch']['torch']} eager's speed (its {report['pytorch']['threads']} threads)")
     ours = accuracy["results"][0] if accuracy else {}
     if ours.get("speedup"):
         parts.append(f"it reaches val-acc {accuracy['target']} in **{ours['seconds_to_target']:.0f} s**, "
@@ -152,10 +160,13 @@ def main(argv=None):
     p.add_argument("--limit", type=int, default=None, help="training samples (default: all 60,000)")
     p.add_argument("--to-accuracy", default="0.89", help="the time-to-accuracy target")
     p.add_argument("--recipe", default="lenet", help="the recipe both loops train to it")
+    p.add_argument("--torch-python", default=None, metavar="PY", help="an interpreter with PyTorch: its eager row")
     args = p.parse_args(argv)
     limit = ["--limit", str(args.limit)] if args.limit else []
+    torch = ["--torch-python", args.torch_python] if args.torch_python else []
     with tempfile.TemporaryDirectory() as out:
-        command, report, stdout = run_bench(["--epochs", str(args.epochs)] + limit, out)
+        command, report, stdout = run_bench(["--epochs", str(args.epochs)] + limit + torch, out)
+        command = command.replace(args.torch_python, "PY") if args.torch_python else command
         fastest = max(report["results"], key=lambda r: r["samples_per_s"])["spec"]
         accuracy = run_bench(["--to-accuracy", args.to_accuracy, "--recipe", args.recipe, "--devices", fastest]
                              + limit, out, "accuracy.json")
