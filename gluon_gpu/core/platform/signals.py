@@ -40,15 +40,24 @@ def ignore_at_exit():
 
 def raise_on_stop_signals():
     """SIGTERM and SIGHUP raise Stopped in this process; a process forked from it (a
-    DataLoader or pack worker) still ends as the signal's default does, quietly."""
-    owner = os.getpid()
-
+    DataLoader or pack worker) ends as the signal's default does, quietly, from its
+    first instruction: a worker whose main thread is blocked in a lock never runs a
+    Python handler, so with this process's handler inherited, a pool's ``terminate()``
+    left it alive and the pool's join waited forever (a tutorial-loop DataLoader worker
+    stuck at its start, seen in a benchmark)."""
     def handler(signum, _frame):
-        if os.getpid() != owner:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
         raise Stopped(signum)
 
     for signum in STOP_SIGNALS[:2]:
         signal.signal(signum, handler)
+    if not _state["at_fork"]:
+        os.register_at_fork(after_in_child=_default_stop_signals)
+        _state["at_fork"] = True
+
+
+_state = {"at_fork": False}
+
+
+def _default_stop_signals():
+    for signum in STOP_SIGNALS[:2]:
+        signal.signal(signum, signal.SIG_DFL)
