@@ -37,9 +37,9 @@ def commit():
     return (proc.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else "")
 
 
-def page(command, report, stdout, accuracy):
+def page(command, report, stdout, accuracy, at=None):
     machine = report["machine"]
-    measured = stamp(machine)
+    measured = stamp(machine, at)
     pytorch = report.get("pytorch")
     rows = ["| devices | median epoch s | samples/s | speedup | vs tutorial |" + " vs PyTorch |" * bool(pytorch)
             + " val-acc |", "| --- " * (6 + bool(pytorch)) + "|"]
@@ -122,11 +122,12 @@ def cpu_words(machine):
     return f"{machine['cpu']} ({machine.get('cpu_isa', 'bfloat16 instructions not recorded')}), {machine['cores']} cores"
 
 
-def stamp(machine):
+def stamp(machine, at=None):
     """'date, CPU (its bfloat16 instructions), cores, MXNet, gluon_gpu, commit': what a
-    generated page was measured on."""
+    generated page was measured on; ``at``: the commit as it was when the measuring began
+    (default: now)."""
     return (f"{datetime.date.today().isoformat()}, {cpu_words(machine)}, MXNet {machine['mxnet']}, "
-            f"gluon_gpu {machine['gluon_gpu']}, commit {commit()}")
+            f"gluon_gpu {machine['gluon_gpu']}, commit {at or commit()}")
 
 
 def machine_stamp():
@@ -164,13 +165,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     limit = ["--limit", str(args.limit)] if args.limit else []
     torch = ["--torch-python", args.torch_python] if args.torch_python else []
+    at = commit()  # what is measured: a commit made while the benchmark runs is not in it
     with tempfile.TemporaryDirectory() as out:
         command, report, stdout = run_bench(["--epochs", str(args.epochs)] + limit + torch, out)
         command = command.replace(args.torch_python, "PY") if args.torch_python else command
         fastest = max(report["results"], key=lambda r: r["samples_per_s"])["spec"]
         accuracy = run_bench(["--to-accuracy", args.to_accuracy, "--recipe", args.recipe, "--devices", fastest]
                              + limit, out, "accuracy.json")
-        text, summary = page(command, report, stdout, accuracy)
+        text, summary = page(command, report, stdout, accuracy, at)
         os.makedirs(args.docs, exist_ok=True)
         shutil.copyfile(os.path.join(out, "scaling.png"), os.path.join(args.docs, "performance.png"))
         shutil.copyfile(os.path.join(out, "accuracy.png"), os.path.join(args.docs, "accuracy.png"))
