@@ -214,3 +214,50 @@ def test_the_accuracy_page_names_every_component_and_preset():
     from gluon_gpu.data.augment import PRESETS
     page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "accuracy.md")).read()
     assert all(f"`{name}" in page for name in list(COMPONENTS) + list(PRESETS))
+
+
+# -- the compiled gather ------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["basic", "flip,vflip,crop=3,translate=0.2", "rotate=30,flip", "strong",
+                                  "flip,crop=2,jitter=0.3"])
+@pytest.mark.parametrize("channels,dtype", [(1, "uint8"), (3, "uint8"), (3, "float32")])
+def test_the_compiled_gather_gives_the_graphs_images_exactly(text, channels, dtype):
+    from gluon_gpu.models import fused_conv
+    assert fused_conv.compiled_gather("auto", ONE)  # builds (or finds) the library here
+    images = nd.array(np.random.default_rng(1).integers(0, 256, (64, channels, 20, 24)), dtype=dtype)
+    outs = []
+    for compiled in (False, True):
+        block = Augment(parse_augment(text), images.shape[1:], [80.0] * channels, clip_max=255, compiled=compiled)
+        block.initialize()
+        block.hybridize(static_alloc=True, static_shape=True)
+        outs.append(block(images, nd.array(block.table(64, 3, 2))).asnumpy())
+    assert outs[0].dtype == outs[1].dtype == np.float32
+    np.testing.assert_array_equal(outs[1], outs[0])
+    assert (outs[1] != images.asnumpy().astype(np.float32)).mean() > 0.05  # it moved pixels
+
+
+def test_a_cpu_run_gathers_with_the_compiled_operator_unless_told_off(tmp_path):
+    from gluon_gpu.models import fused_conv
+    from gluon_gpu.programs.config import RunConfig
+    from gluon_gpu.programs.run import build_run
+    assert not fused_conv.compiled_gather("auto", [mx.gpu(0)])  # GPUs: the graph
+    with pytest.MonkeyPatch.context() as patch:  # no library: auto takes the graph, on says why
+        patch.setattr(fused_conv, "_state", {"loaded": False, "error": "no C++ compiler 'x'", "warned": True})
+        assert not fused_conv.compiled_gather("auto", ONE)
+        with pytest.raises(UserError, match="^`fused_conv` on: no C\\+\\+ compiler 'x'$"):
+            fused_conv.compiled_gather("on", ONE)
+    for mode, compiled in (("auto", True), ("off", False)):
+        run = build_run(RunConfig(devices="cpu", augment="basic", fused_conv=mode, limit=256, val_limit=64,
+                                  quiet=True, out=str(tmp_path / mode)), ONE)
+        assert run.dp.inputs.augment.compiled is compiled
+
+
+def test_blocks_made_one_after_another_say_no_false_initializer_warning():
+    """MXNet names a Constant's initializer by the Constant's id: a new one at a freed
+    one's address warned 'is overriding existing initializer' (#54, in every suite)."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(300):
+            Augment(parse_augment("strong"), (1, 8, 8), [0.0])
+    assert not [w for w in caught if "overriding existing initializer" in str(w.message)]

@@ -22,6 +22,7 @@ import numpy as np
 from mxnet import gluon
 
 from ..core.platform.errors import UserError
+from .spec import constant
 
 Component = namedtuple("Component", "default check draws what")
 # name -> its parameter's default, validity, uniform draws per sample, and help. Applied in
@@ -94,23 +95,27 @@ class Augment(gluon.HybridBlock):
     arithmetic, only the per-pixel work. ``components``: :func:`parse_augment`'s dict.
     ``fill``: per-channel value of erased areas, in stored units (the data's mean: zero
     after normalization). ``clip_max``: jitter clips to ``[0, clip_max]`` (255: uint8).
+    ``compiled``: the geometric gather as ``gg_gather_map``, one compiled CPU operator
+    (models/kernels/gather_map.cc, loaded by the caller: models/fused_conv.py's
+    ``compiled_gather``), in place of five passes of MXNet operators; the same images.
     """
 
-    def __init__(self, components, sample_shape, fill, clip_max=None):
+    def __init__(self, components, sample_shape, fill, clip_max=None, compiled=False):
         super().__init__(prefix="augment_")
         if len(sample_shape) != 3:
             raise UserError(f"`augment` applies to images (C, H, W); these samples are {tuple(sample_shape)}")
         self.components, self.clip_max = dict(components), clip_max
         self.channels, self.height, self.width_px = c, h, w = sample_shape
         self.geometric = any(name in self.components for name in GEOMETRIC)
+        self.compiled = compiled and self.geometric
         self.draws = sum(COMPONENTS[name].draws for name in self.components)  # uniform draws per sample
         self.width = 6 * self.geometric + 3 * ("jitter" in self.components) + 4 * ("erase" in self.components)
         # Pixel indices along each axis, and the fill per channel: only those used (Gluon
         # warns of a constant no computation reads).
-        if self.geometric or "erase" in self.components:
+        if (self.geometric and not self.compiled) or "erase" in self.components:
             self.cols, self.rows = pixel_indices(self, h, w)
         if "erase" in self.components:
-            self.fill = self.params.get_constant("fill", np.array(fill, dtype=np.float32).reshape(1, c, 1, 1))
+            self.fill = constant(self, "fill", np.array(fill, dtype=np.float32).reshape(1, c, 1, 1))
 
     def table(self, samples, seed, epoch):
         """The epoch's parameters, one row per sample, from (seed, epoch) alone."""
@@ -167,11 +172,14 @@ class Augment(gluon.HybridBlock):
         return [top, left, top + eh, left + ew]
 
     def hybrid_forward(self, F, x, params, cols=None, rows=None, fill=None):  # pylint: disable=arguments-differ
-        x = x.astype("float32")
         columns = F.split(F.reshape(params, shape=(0, 0, 1, 1)), num_outputs=self.width, axis=1, squeeze_axis=False)
         columns = list(columns) if self.width > 1 else [columns]  # each (n, 1, 1, 1)
+        if self.compiled:  # reads the stored images, writes float32
+            x = F.gg_gather_map(x, F.slice_axis(params, axis=1, begin=0, end=6), rounded=int("rotate" in self.components))
+        else:
+            x = x.astype("float32")
         if self.geometric:
-            x = self._gather(F, x, columns[:6], cols, rows)
+            x = x if self.compiled else self._gather(F, x, columns[:6], cols, rows)
             columns = columns[6:]
         if "jitter" in self.components:
             x = self._jitter(F, x, columns[:3])
@@ -233,8 +241,8 @@ class Augment(gluon.HybridBlock):
 
 def pixel_indices(block, h, w):
     """Constants of ``block``: column indices ``(1, 1, 1, W)`` and row indices ``(1, 1, H, 1)``."""
-    return (block.params.get_constant("cols", np.arange(w, dtype=np.float32).reshape(1, 1, 1, w)),
-            block.params.get_constant("rows", np.arange(h, dtype=np.float32).reshape(1, 1, h, 1)))
+    return (constant(block, "cols", np.arange(w, dtype=np.float32).reshape(1, 1, 1, w)),
+            constant(block, "rows", np.arange(h, dtype=np.float32).reshape(1, 1, h, 1)))
 
 
 def box_mask(F, rows, cols, top, left, bottom, right):
@@ -246,10 +254,12 @@ def box_mask(F, rows, cols, top, left, bottom, right):
     return F.broadcast_mul(inside_rows, inside_cols)
 
 
-def make_augment(text, spec):
-    """The :class:`Augment` ``--augment text`` asks for on data ``spec``, or None."""
+def make_augment(text, spec, compiled=False):
+    """The :class:`Augment` ``--augment text`` asks for on data ``spec``, or None;
+    ``compiled``: its gather as the compiled operator (loaded by the caller)."""
     components = parse_augment(text)
     if not components:
         return None
     fill = [m / spec.scale for m in spec.mean]  # the mean, in stored units
-    return Augment(components, spec.input_shape, fill, clip_max=255 if spec.dtype == "uint8" else None)
+    return Augment(components, spec.input_shape, fill, clip_max=255 if spec.dtype == "uint8" else None,
+                   compiled=compiled)

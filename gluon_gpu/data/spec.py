@@ -1,5 +1,6 @@
 """What a run must know of its data, saved with the run so that evaluate, predict and
 --resume need no data flags: input shape, task, classes, normalization."""
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
 
@@ -111,8 +112,8 @@ class Standardize(gluon.HybridBlock):
         self._scalar = (mul[0], add[0]) if len(set(mul)) == 1 and len(set(add)) == 1 else None
         if self._scalar is None:
             shape = (1,) * (1 + (members > 1)) + (len(mul),) + (1,) * (sample_ndim - 1)  # members: (n, K, C, ...)
-            self.mul = self.params.get_constant("mul", np.array(mul, dtype=np.float32).reshape(shape))
-            self.add = self.params.get_constant("add", np.array(add, dtype=np.float32).reshape(shape))
+            self.mul = constant(self, "mul", np.array(mul, dtype=np.float32).reshape(shape))
+            self.add = constant(self, "add", np.array(add, dtype=np.float32).reshape(shape))
 
     def hybrid_forward(self, F, x, **constants):  # pylint: disable=arguments-differ
         x = x.astype("float32")
@@ -121,3 +122,14 @@ class Standardize(gluon.HybridBlock):
         else:
             x = F.broadcast_add(F.broadcast_mul(x, constants["mul"]), constants["add"])
         return F.reshape(x, shape=(0, -3, -2)) if self._members > 1 else x
+
+
+def constant(block, name, value):
+    """``block.params.get_constant(name, value)`` without MXNet's false alarm: a Constant
+    registers its initializer as ``Constant_<name>_<id(constant)>``, and a new Constant at
+    a freed one's address warns 'New initializer ... is overriding existing initializer'
+    though the one it replaces belonged to no live Constant (ids are unique among live
+    objects)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is\\s*overriding existing initializer", category=UserWarning)
+        return block.params.get_constant(name, value)

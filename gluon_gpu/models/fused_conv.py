@@ -30,6 +30,8 @@ from .compiled import KernelUnavailable, build_library, cached_path, compiler
 
 MODES = ("auto", "on", "off")
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "conv_relu_pool.cc")
+# built into the same library: the augmentation's gather (gg_gather_map, data/augment.py)
+GATHER_SOURCE = os.path.join(os.path.dirname(SOURCE), "gather_map.cc")
 # -fassociative-math lets the compiler vectorize the gradient sums; no -ffinite-math-only,
 # so NaNs still propagate (a diverged run must still be seen as one).
 CXXFLAGS = ["-shared", "-fPIC", "-std=c++17", "-O3", "-march=native", "-fno-math-errno",
@@ -50,7 +52,7 @@ def _mxnet_paths():
 
 def library_path(compiler_name):
     # -march=native code runs only on CPUs with the same features: part of the key
-    return cached_path("conv_relu_pool", (SOURCE, _mxnet_paths()[1]),
+    return cached_path("conv_relu_pool", (SOURCE, GATHER_SOURCE, _mxnet_paths()[1]),
                        (" ".join(CXXFLAGS), compiler_name, mx.__version__, " ".join(sorted(cpu_flags()))))
 
 
@@ -63,7 +65,7 @@ def build():
     include, lib_api = _mxnet_paths()
     if not os.path.isfile(os.path.join(include, "mxnet", "lib_api.h")) or not os.path.isfile(lib_api):
         raise FusedConvUnavailable(f"this MXNet install has no extension headers ({include})")
-    return build_library(library_path(name), [name, *CXXFLAGS, SOURCE, lib_api, "-I", include],
+    return build_library(library_path(name), [name, *CXXFLAGS, SOURCE, GATHER_SOURCE, lib_api, "-I", include],
                          "the fused conv+relu+pool CPU operator", FusedConvUnavailable)
 
 
@@ -108,6 +110,22 @@ def use_fused(mode, ctx):
                   file=sys.stderr)
             os.environ[WARNED_ENV] = "1"  # said once per program: a re-executed one (devices.py) inherits it
         _state["warned"] = True
+        return False
+
+
+def compiled_gather(mode, ctx):
+    """Whether ``--augment``'s gather runs as ``gg_gather_map`` (its library is this
+    operator's) on ``ctx``: every context a CPU, ``mode`` not off, and the library loads
+    (``on``: or a UserError saying why not). Otherwise the graph of MXNet operators,
+    which gives the same images."""
+    if mode == "off" or any(c.device_type != "cpu" for c in ctx):
+        return False
+    try:
+        load()
+        return True
+    except FusedConvUnavailable as e:
+        if mode == "on":
+            raise UserError(f"`fused_conv` on: {e}") from None
         return False
 
 

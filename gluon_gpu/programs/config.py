@@ -46,8 +46,8 @@ def _flag(default, help, resumable=False, brief=None, **argparse_kwargs):  # pyl
 class RunConfig:  # pylint: disable=too-many-instance-attributes
     # where it runs (may change on resume)
     devices: str = _flag("all", "device spec: all, cpu, cpu*N, gpu, gpu*N, gpu:I,J", True, brief=True)
-    fused_conv: str = _flag("auto", "LeNet's conv+relu+pool as one compiled CPU operator: auto (on "
-                            "CPUs, when it builds), on, off", True, choices=MODES)
+    fused_conv: str = _flag("auto", "LeNet's conv+relu+pool as one compiled CPU operator (and --augment's "
+                            "gather as another): auto (on CPUs, when it builds), on, off", True, choices=MODES)
     omp_threads: int = _flag(0, "OpenMP threads per CPU operator (sets OMP_NUM_THREADS; 0: as set, "
                              "else MXNet's default of half the logical CPUs)", True, type=thread_count)
     engine_threads: int = _flag(0, "MXNet engine worker threads per CPU context (sets "

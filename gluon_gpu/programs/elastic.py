@@ -45,12 +45,13 @@ def run_elastic(train_once, committed):
     ``committed()`` (a worker joining a running job, whose run folder holds commits)."""
     from horovod.common.elastic import run_fn  # pylint: disable=import-outside-toplevel
     from horovod.common.exceptions import HorovodInternalError  # pylint: disable=import-outside-toplevel
-    attempts = []
+    attempts = 0
 
     def once(commits):
-        attempts.append(len(attempts))
+        nonlocal attempts
+        attempts += 1
         hvd = _hvd()
-        resume = hvd.broadcast_object(len(attempts) > 1 or committed(), root_rank=0, name="elastic.resume")
+        resume = hvd.broadcast_object(attempts > 1 or committed(), root_rank=0, name="elastic.resume")
         try:
             return train_once(commits, resume)
         except mx.base.MXNetError as e:  # horovod.mxnet's ops fail inside MXNet's engine

@@ -16,12 +16,13 @@ from ..core.step.precision import check_precision, precision_for
 from ..core.step.tta import check_tta, parse_tta
 from ..core.step.spread_members import owners
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
-from ..data.augment import describe, make_augment
+from ..data.augment import describe, make_augment, parse_augment
 from ..data.batch_order import member_seeds, shared_batches
 from ..data.device_pipeline import MIXED_MEMBERS_AUGMENTED, device_copy_bytes
 from ..data.mixing import describe as describe_mixing, make_mixing
 from ..data.pipelines import choose_pipeline, device_only
 from ..models import amx_features, init_model
+from ..models.fused_conv import compiled_gather
 from ..models.member_stack import pipeline_layout
 from ..models.sync_bn import use_sync_batchnorm
 from ..models.zoo import check_model_name, model_for
@@ -70,7 +71,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     spread = spread_over(store, members, config.ensemble_layout)
     shard = (store.rank, store.num_workers) if store and not spread else (0, 1)
     net = _network(config, ctx, model, data, spec, sweep, spread)
-    inputs = _training_inputs(config, sweep, spec, members)
+    inputs = _training_inputs(config, sweep, spec, members, ctx)
     layout = pipeline_layout(net, ctx)
     synced = use_sync_batchnorm(net, len(ctx)) if config.sync_bn else 0
     if config.sync_bn:
@@ -134,8 +135,9 @@ class RunInputs(NamedTuple):
     mix_alphas: Optional[list]  # a sweep's members' alphas
 
 
-def _training_inputs(config, sweep, spec, members):
-    augment = make_augment(config.augment, spec)
+def _training_inputs(config, sweep, spec, members, ctx):
+    augment = make_augment(config.augment, spec, compiled=bool(parse_augment(config.augment))
+                           and compiled_gather(config.fused_conv, ctx))
     mixing, mix_alphas = members_mixing(config, sweep, spec)
     if augment is not None and members > 1 and mixing is not None:
         raise UserError(MIXED_MEMBERS_AUGMENTED)

@@ -149,6 +149,7 @@ def own_temp_dir():
 
 
 _FOLDERS = {}  # pid -> its folder (a forked child makes its own)
+_SWEPT = set()  # the pids that swept
 
 
 def process_temp_dir():
@@ -167,7 +168,11 @@ def process_temp_dir():
 
 def sweep_temp_dirs():
     """Remove the temporary folders of gluon_gpu processes that are gone (killed before
-    they could): every program does at its start (entry.py)."""
+    they could): every program does at its start (entry.py), a library caller at its
+    first temporary folder; once per process."""
+    if os.getpid() in _SWEPT:
+        return
+    _SWEPT.add(os.getpid())
     for base in {tempfile.gettempdir(), "/tmp"}:
         try:
             names = os.listdir(base)
