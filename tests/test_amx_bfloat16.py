@@ -206,3 +206,19 @@ def test_the_plan_names_the_choice_and_only_this_class_s_figures(tmp_path):
     assert "in bfloat16 (contrib.amp) (warning: slower than float32: ResNet-20 trained at 0.90x" in done.stdout
     done = plan("--bfloat16-kernels", "onednn", "--devices", "gpu")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
+
+
+def test_inference_calls_share_a_bounded_set_of_networks(monkeypatch):
+    """MXNet makes a CustomOp per call of a graph not statically allocated: one oneDNN
+    network each grew bench --inference of ResNet-20 to the OOM killer. Inference
+    networks are shared per shape, at most MAX_SHARED_NETS, and compute as before."""
+    (ref, ours), _ = _twins((4, 1, 16, 16))
+    made = []
+    create = amx_features._create
+    monkeypatch.setattr(amx_features, "_create", lambda *a: made.append(a[1]) or create(*a))
+    monkeypatch.setattr(amx_features, "MAX_SHARED_NETS", 3)
+    for n in [4] * 5 + [1, 2, 3, 5, 6] + [4] * 3:  # one shape many times, then six more
+        x = nd.array(np.random.default_rng(n).standard_normal((n, 1, 16, 16)))
+        assert _relative([ours(x).asnumpy()], [ref(x).asnumpy()]) < 1e-5
+    assert [shape[0] for shape in made] == [4, 1, 2, 3, 5, 6, 4]  # 4 again: evicted meanwhile, made again
+    assert len(amx_features._SHARED) == 3

@@ -24,6 +24,8 @@ import importlib.metadata
 import json
 import os
 import sys
+import threading
+from collections import OrderedDict
 
 import mxnet as mx
 import numpy as np
@@ -202,37 +204,80 @@ def _pointer(array):
     return handle.value
 
 
+# Inference networks, shared by every operator instance with the same key: MXNet makes a
+# CustomOp per call of a graph that is not statically allocated (an inference engine's),
+# and one oneDNN 3 network each (scratch for the batch: ~150 MiB for ResNet-20 at 256)
+# grew a bench --inference of ResNet-20 to 24 GiB and the kernel's OOM killer. At most
+# MAX_SHARED_NETS, the least recently used destroyed first (never one in use: each holds
+# its lock while it runs). Training networks keep the activations between forward and
+# backward, so each operator keeps its own.
+MAX_SHARED_NETS = 8
+_SHARED = OrderedDict()  # (ops, shape, threads, bfloat16) -> _Shared
+_SHARED_LOCK = threading.Lock()
+
+
+class _Shared:
+    def __init__(self, handle):
+        self.handle, self.lock = handle, threading.Lock()
+
+
+def _create(ops, shape, training, threads, bfloat16):
+    lib = library()
+    handle = lib.gg_amx_net_create((ctypes.c_int * len(ops))(*ops), len(ops), (ctypes.c_int * 4)(*shape),
+                                   int(training), threads, int(bfloat16))
+    if not handle:
+        raise RuntimeError(f"oneDNN 3: {lib.gg_amx_last_error().decode()}")
+    return ctypes.c_void_p(handle)
+
+
+def _shared_net(ops, shape, threads, bfloat16):
+    """The inference network of this key, made once, returned locked: the caller runs it,
+    then releases its lock (so no other thread destroys it meanwhile)."""
+    key = (tuple(ops), tuple(shape), threads, bool(bfloat16))
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = _Shared(_create(ops, shape, False, threads, bfloat16))
+        _SHARED.move_to_end(key)
+        for old in list(_SHARED)[:-MAX_SHARED_NETS]:
+            if _SHARED[old].lock.acquire(blocking=False):
+                library().gg_amx_net_destroy(_SHARED.pop(old).handle)
+        shared = _SHARED[key]
+        shared.lock.acquire()
+        return shared
+
+
 class _FeaturesOp(mx.operator.CustomOp):
-    """Calls the library; one oneDNN network per input shape and mode, per device."""
+    """Calls the library: one oneDNN training network per input shape, per operator; the
+    inference networks shared (:func:`_shared_net`)."""
 
     def __init__(self, ops, threads, bfloat16):
         super().__init__()
         self.ops, self.threads, self.bfloat16, self.nets = ops, threads, bfloat16, {}
 
-    def _net(self, shape, training):
-        key = (tuple(shape), training)
+    def _net(self, shape):
+        key = tuple(shape)
         if key not in self.nets:
-            lib = library()
-            handle = lib.gg_amx_net_create((ctypes.c_int * len(self.ops))(*self.ops), len(self.ops),
-                                           (ctypes.c_int * 4)(*shape), int(training), self.threads,
-                                           int(self.bfloat16))
-            if not handle:
-                raise RuntimeError(f"oneDNN 3: {lib.gg_amx_last_error().decode()}")
-            self.nets[key] = ctypes.c_void_p(handle)
+            self.nets[key] = _create(self.ops, shape, True, self.threads, self.bfloat16)
         return self.nets[key]
 
     def forward(self, is_train, req, in_data, out_data, aux):
         keep, params = [], in_data[1:]
-        net = self._net(in_data[0].shape, bool(is_train))
         read = [_host(p, keep) for p in params]
         stats = [_pointer(a) if is_train else _host(a, keep) for a in aux]
-        _check(library().gg_amx_net_forward(
-            net, ctypes.c_void_p(_host(in_data[0], keep)), (ctypes.c_void_p * len(read))(*read),
-            (ctypes.c_void_p * len(stats))(*stats), ctypes.c_void_p(_pointer(out_data[0])), self.threads))
+        args = (ctypes.c_void_p(_host(in_data[0], keep)), (ctypes.c_void_p * len(read))(*read),
+                (ctypes.c_void_p * len(stats))(*stats), ctypes.c_void_p(_pointer(out_data[0])), self.threads)
+        if is_train:
+            _check(library().gg_amx_net_forward(self._net(in_data[0].shape), *args))
+            return
+        shared = _shared_net(self.ops, in_data[0].shape, self.threads, self.bfloat16)
+        try:
+            _check(library().gg_amx_net_forward(shared.handle, *args))
+        finally:
+            shared.lock.release()
 
     def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
         keep, params = [], in_data[1:]
-        net = self._net(in_data[0].shape, True)
+        net = self._net(in_data[0].shape)
         read = [_host(p, keep) for p in params]
         grads = [_pointer(g) if r != "null" else None for g, r in zip(in_grad[1:], req[1:])]
         if req[0] != "null":
