@@ -53,3 +53,12 @@ def test_bench_stops_a_training_job_past_its_timeout(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == ("gluon_gpu.bench: error: the one-process training job ran past --timeout 3 s and was stopped "
                        "(--timeout 0: no limit)")
+
+
+def test_a_silent_child_is_said_by_how_it_ended():
+    """A child killed without a word (the kernel's OOM killer) was 'failed' alone."""
+    from gluon_gpu.programs.bench.children import last_words
+    assert last_words("x\nthe last line\n", 1) == "the last line"
+    assert last_words("", -9) == "killed by SIGKILL (the kernel's out-of-memory killer sends it: see dmesg)"
+    assert last_words("  \n", -15) == "killed by SIGTERM"
+    assert last_words("", 3) == "exit status 3, nothing on stderr"

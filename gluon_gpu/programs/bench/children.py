@@ -1,6 +1,7 @@
 """The benchmark's child processes (a training job, a variant's or an engine group's
 bench, PyTorch's loop), each stopped past ``bench --timeout`` seconds: no benchmark
 waits forever on a child that hangs."""
+import signal
 import subprocess
 import threading
 
@@ -43,7 +44,20 @@ def lines(cmd, what, seconds):
     if expired.is_set():
         raise DeadlineError(_overran(what, seconds))
     if proc.returncode:
-        raise UserError(f"{what}: {(errors.strip() or 'failed').splitlines()[-1]}")
+        raise UserError(f"{what}: {last_words(errors, proc.returncode)}")
+
+
+def last_words(stderr, returncode):
+    """What a failed child said last: its last line of ``stderr``, or, silent, how it
+    ended (a SIGKILL with no word is most often the kernel's out-of-memory killer)."""
+    lines = stderr.strip().splitlines()
+    if lines:
+        return lines[-1]
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        return f"killed by {name}" + (" (the kernel's out-of-memory killer sends it: see dmesg)"
+                                      if -returncode == signal.SIGKILL else "")
+    return f"exit status {returncode}, nothing on stderr"
 
 
 def _overran(what, seconds):

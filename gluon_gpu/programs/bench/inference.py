@@ -64,10 +64,11 @@ def run_inference(args):
             + (["--torch-python", args.torch_python] if args.torch_python else [])
         done = children.run(command, f"the {','.join(group)} engines' bench", args.timeout)
         if done.returncode != 0:
-            lines = (done.stderr.strip() or "failed").splitlines()
-            raise UserError(f"`inference` {' '.join(group)}: {lines[-1].split(': error: ', 1)[-1]}") \
+            last = children.last_words(done.stderr, done.returncode)
+            raise UserError(f"`inference` {' '.join(group)}: {last.split(': error: ', 1)[-1]}") \
                 if done.returncode == 2 else \
-                RuntimeError(f"bench --inference {','.join(group)} failed:\n" + "\n".join(lines[-20:]))
+                RuntimeError(f"bench --inference {','.join(group)} failed:\n"
+                             + "\n".join(done.stderr.strip().splitlines()[-20:] or [last]))
         with open(os.path.join(out, "rows.json")) as f:
             rows += [{**row, "omp_threads": omp or thread_settings()["omp_threads"]} for row in json.load(f)]
     base = rows[0]["samples_per_s"]

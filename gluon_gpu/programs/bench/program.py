@@ -196,7 +196,7 @@ def time_job(args, workers, out, kvstore="dist_sync"):
     what = f"the {kvstore} training job of {workers} worker(s)" if workers else "the one-process training job"
     proc = children.run(cmd, what, args.timeout)
     if proc.returncode:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        last = children.last_words(proc.stderr, proc.returncode)
         raise UserError(f"benchmark job failed ({' '.join(cmd)}): {last}")
     import json
     with open(os.path.join(out, "metrics.json")) as f:

@@ -84,7 +84,7 @@ def child_report(parser, args, what, **values):
     proc = children.run([sys.executable, "-m", "gluon_gpu.bench"] + argv, f"the {what} benchmark", args.timeout,
                         env={**os.environ, **start_variables(parser.parse_args(argv))})
     if proc.returncode:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        last = children.last_words(proc.stderr, proc.returncode)
         raise UserError(f"the {what} benchmark failed: {last}")
     with open(os.path.join(values["out"], "bench.json")) as f:
         return json.load(f)
