@@ -99,18 +99,15 @@ def use_fused(mode, ctx):
         if mode == "on":
             raise UserError("`fused_conv` on needs CPU devices: the fused operator has no GPU kernels")
         return False
-    try:
-        load()
+    why = _why_unloaded(mode)
+    if why is None:
         return True
-    except FusedConvUnavailable as e:
-        if mode == "on":
-            raise UserError(f"`fused_conv` on: {e}") from None
-        if not _state["warned"] and not os.environ.get(WARNED_ENV):
-            print(f"gluon_gpu: warning: fused conv operator unavailable ({e}); using the standard layers",
-                  file=sys.stderr)
-            os.environ[WARNED_ENV] = "1"  # said once per program: a re-executed one (devices.py) inherits it
-        _state["warned"] = True
-        return False
+    if not _state["warned"] and not os.environ.get(WARNED_ENV):
+        print(f"gluon_gpu: warning: fused conv operator unavailable ({why}); using the standard layers",
+              file=sys.stderr)
+        os.environ[WARNED_ENV] = "1"  # said once per program: a re-executed one (devices.py) inherits it
+    _state["warned"] = True
+    return False
 
 
 def compiled_gather(mode, ctx):
@@ -118,15 +115,18 @@ def compiled_gather(mode, ctx):
     operator's) on ``ctx``: every context a CPU, ``mode`` not off, and the library loads
     (``on``: or a UserError saying why not). Otherwise the graph of MXNet operators,
     which gives the same images."""
-    if mode == "off" or any(c.device_type != "cpu" for c in ctx):
-        return False
+    return mode != "off" and all(c.device_type == "cpu" for c in ctx) and _why_unloaded(mode) is None
+
+
+def _why_unloaded(mode):
+    """None once the library is loaded; else why it cannot be (``on``: a UserError)."""
     try:
         load()
-        return True
+        return None
     except FusedConvUnavailable as e:
         if mode == "on":
             raise UserError(f"`fused_conv` on: {e}") from None
-        return False
+        return str(e)
 
 
 class ConvReluPool(CpuOnly, nn.HybridBlock):
