@@ -3,6 +3,7 @@ line naming the best epoch, no lock left), run folders stand for their parameter
 evaluate and predict, every program's --help shows defaults, and every program is a
 console script."""
 import ast
+import importlib
 import os
 import re
 import subprocess
@@ -269,3 +270,14 @@ def test_a_real_run_at_a_learning_rate_that_cannot_move_it_is_warned_about(tmp_p
     assert "gluon_gpu.train: warning: the training loss has stayed at" in err and "(--lr 1e-09)" in err
     assert "the network learns nothing" in read_metrics(out)["epochs"][1]["warning"]
     assert "learns nothing" in open(os.path.join(out, "train.log")).read()
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_every_programs_help_fits_two_screens_and_help_all_lists_every_flag(program):
+    """--help at most 80 lines, as train's (#54: bench's was 192, launch's grew to 93)."""
+    module = importlib.import_module(f"gluon_gpu.programs.{program}" if program != "bench"
+                                     else "gluon_gpu.programs.bench.program")
+    parser = module.build_parser()
+    short, full = parser.format_help(), parser.format_help(full=True)
+    assert len(short.splitlines()) <= 80, program
+    assert [s for a in parser._actions for s in a.option_strings if s not in full] == []

@@ -1,6 +1,6 @@
-"""Start a distributed job on MXNet's parameter-server kvstore.
+"""Start a distributed training job on ps-lite (MXNet's parameter server) or Horovod.
 
-    python -m gluon_gpu.launch -n 2 -s 1 -- python -m gluon_gpu.train --kvstore dist_sync
+    gluon-gpu-launch -n 2 -s 1 -- gluon-gpu-train --kvstore dist_sync
 
 starts one scheduler, ``-s`` servers and ``-n`` workers with the ``DMLC_*`` environment
 ps-lite reads (role, root URI and port, server and worker counts). The scheduler and
@@ -51,7 +51,8 @@ GLOO_TIMEOUT_SECONDS = 120  # its default, 30, is shorter than a joining worker'
 
 
 def build_parser():
-    p = Parser("launch", description=__doc__)
+    p = Parser("launch", description=__doc__, brief=True)
+    p.brief_flags("num_workers", "num_servers", "engine", "elastic", "hostfile", "timeout", "max_restarts")
     p.add_argument("-n", "--num-workers", type=positive_int, default=None,
                    help="workers (required, but in a Slurm allocation: its task count, SLURM_NTASKS)")
     p.add_argument("-s", "--num-servers", type=positive_int, default=1, help="ps-lite's servers")

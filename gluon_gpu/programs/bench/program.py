@@ -71,8 +71,8 @@ def build_parser():
     p.add_argument("--engines", default=None, metavar="LIST",
                    help="--inference: time only these engines, in this process (the benchmark runs each group so)")
     p.add_argument("--torch-python", default=None, metavar="PY",
-                   help="an interpreter with PyTorch, for the PyTorch eager rows: the scaling table (LeNet, "
-                        "CIFAR ResNets v1), --inference (LeNet runs), --to-accuracy (float32 and bfloat16 autocast)")
+                   help="an interpreter with PyTorch: its eager rows (the scaling table, --inference, "
+                        "--to-accuracy)")
     p.add_argument("--out", default="bench-out", help="directory for bench.json and scaling.png")
     p.add_argument("--timeout", type=non_negative_int, default=children.TIMEOUT_SECONDS, metavar="SECONDS",
                    help="stop a child process of the benchmark (a training job, a variant, PyTorch's loop) that runs "
