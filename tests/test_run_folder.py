@@ -121,13 +121,13 @@ def test_a_scheduled_run_prints_no_mxnet_warning(tmp_path, capsys):
 
 @pytest.mark.parametrize("program", PROGRAMS)
 def test_every_help_shows_its_defaults(program):
-    every = "--help-all" if program in ("train", "bench", "evaluate", "predict") else "--help"  # brief --help
+    module = {"bench": "bench.program"}.get(program, program)  # the bench programs are one package
+    parser = __import__(f"gluon_gpu.programs.{module}", fromlist=["build_parser"]).build_parser()
+    every = "--help" if parser.brief is None else "--help-all"  # a brief --help shows the most used flags only
     proc = subprocess.run([sys.executable, "-m", f"gluon_gpu.{program}", every], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: python -m gluon_gpu.{program} ")  # named as invoked
     assert "``" not in proc.stdout  # docstring markup is not shown raw
-    module = {"bench": "bench.program"}.get(program, program)  # the bench programs are one package
-    parser = __import__(f"gluon_gpu.programs.{module}", fromlist=["build_parser"]).build_parser()
     with_default = [a for a in parser._actions if a.option_strings and a.default not in (None, False, "==SUPPRESS==")
                     and a.default is not False]
     assert with_default
