@@ -385,6 +385,24 @@ def test_the_scaling_table_times_pytorch_eager_training_the_same_lenet(small_fas
     assert pytorch["val_acc"] > 0.3 and ours["val_acc"] > 0.3  # both learned (chance: 0.1)
 
 
+@pytest.mark.skipif(not os.environ.get("GLUON_GPU_TORCH_PYTHON"),
+                    reason="GLUON_GPU_TORCH_PYTHON names no interpreter with PyTorch")
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32), (1, 20, 24)])
+def test_pytorchs_lenet_is_ours_for_any_image_size(shape):
+    """Its first dense layer's inputs follow the image, as Gluon infers ours."""
+    import subprocess
+    probe = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import torch_train; "
+             "net = torch_train.build(torch, torch.nn, 'lenet', tuple(map(int, sys.argv[2:])), 10); "
+             "print(tuple(net(torch.zeros(2, *map(int, sys.argv[2:]))).shape), sum(p.numel() for p in net.parameters()))")
+    done = subprocess.run([os.environ["GLUON_GPU_TORCH_PYTHON"], "-c", probe, os.path.dirname(torch_train.__file__),
+                           *map(str, shape)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    net = get_model("lenet", 10, shape[0])
+    net.initialize()
+    net(mx.nd.zeros((1,) + shape))
+    assert done.stdout.split() == ["(2,", "10)", str(sum(p.data().size for p in net.collect_params().values()))]
+
+
 def test_pytorch_rows_only_where_pytorch_has_rows(tmp_path, capsys):
     for flags, where in ((["--ensemble", "2"], "--ensemble"), (["--workers", "2"], "--workers"),
                          (["--dtype", "float32", "bfloat16"], "several --dtype")):

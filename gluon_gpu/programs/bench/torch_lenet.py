@@ -27,7 +27,7 @@ def main(weights, inputs, batch, repeats):
     torch.set_grad_enabled(False)
     w = np.load(weights)
     arrays = [torch.from_numpy(w[f"a{i}"]) for i in range(len(w.files))]
-    net = lenet(nn, arrays[0].shape[1], arrays[-1].shape[0]).eval()
+    net = lenet(nn, arrays[0].shape[1], arrays[-1].shape[0], arrays[4].shape[1]).eval()
     layers = [m for m in net if isinstance(m, (nn.Conv2d, nn.Linear))]
     for layer, (weight, bias) in zip(layers, zip(arrays[0::2], arrays[1::2])):
         layer.weight.copy_(weight)

@@ -52,17 +52,21 @@ def parse_augment(text):
     return chosen
 
 
-def build(torch, nn, model, channels, classes):
-    """``model`` (lenet or a CIFAR ResNet v1) for ``channels``-channel images."""
-    return lenet(nn, channels, classes) if model == "lenet" else resnet(torch, nn, DEPTHS[model], channels, classes)
+def build(torch, nn, model, image_shape, classes):
+    """``model`` (lenet or a CIFAR ResNet v1) for images of ``image_shape`` (C, H, W)."""
+    channels, h, w = image_shape
+    if model == "lenet":  # conv 5, pool 2, conv 3, pool 2, as gluon_gpu's infers it
+        return lenet(nn, channels, classes, 16 * (((h - 4) // 2 - 2) // 2) * (((w - 4) // 2 - 2) // 2))
+    return resnet(torch, nn, DEPTHS[model], channels, classes)
 
 
-def lenet(nn, channels, classes):
-    """The tutorial's LeNet (models/lenet.py) for 28x28 images, initialized as gluon_gpu
-    initializes it (``mx.init.Xavier()``: uniform, fan average, magnitude 3; zero biases)."""
+def lenet(nn, channels, classes, flat):
+    """The tutorial's LeNet (models/lenet.py), ``flat`` inputs to its first dense layer
+    (16 x 5 x 5 for 28x28 images), initialized as gluon_gpu initializes it
+    (``mx.init.Xavier()``: uniform, fan average, magnitude 3; zero biases)."""
     net = nn.Sequential(nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2, 2),
                         nn.Conv2d(6, 16, 3), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Flatten(),
-                        nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, classes))
+                        nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, classes))
     for layer in net:
         if isinstance(layer, (nn.Conv2d, nn.Linear)):
             nn.init.xavier_uniform_(layer.weight)
@@ -149,7 +153,7 @@ class Trainer:
         self.train_x, self.train_y = data["train_x"], torch.from_numpy(data["train_y"].astype(np.int64))
         self.val_x, self.val_y = data["val_x"], data["val_y"].astype(np.int64)
         self.views = tta_views(config.get("tta") or "")
-        self.net = build(torch, nn, config["model"], self.train_x.shape[1], int(data["classes"]))
+        self.net = build(torch, nn, config["model"], self.train_x.shape[1:], int(data["classes"]))
         flat = [p for p in self.net.parameters() if config.get("no_wd") and p.ndim == 1]
         rest = [p for p in self.net.parameters() if not (config.get("no_wd") and p.ndim == 1)]
         self.optimizer = torch.optim.SGD([{"params": rest, "weight_decay": config.get("wd", 0.0)},
