@@ -261,3 +261,12 @@ def test_blocks_made_one_after_another_say_no_false_initializer_warning():
         for _ in range(300):
             Augment(parse_augment("strong"), (1, 8, 8), [0.0])
     assert not [w for w in caught if "overriding existing initializer" in str(w.message)]
+
+
+def test_the_library_is_asked_for_only_when_the_augmentation_gathers():
+    from gluon_gpu.data.augment import make_augment
+    asked = []
+    spec = type("Spec", (), {"mean": [72.9], "scale": 1.0, "input_shape": (1, 8, 8), "dtype": "uint8"})()
+    assert not make_augment("jitter,erase", spec, lambda: asked.append(1) or True).compiled and asked == []
+    assert make_augment("basic", spec, lambda: asked.append(1) or True).compiled and asked == [1]
+    assert not make_augment("basic", spec).compiled  # a Python API caller: the operators' graph

@@ -176,11 +176,11 @@ class Augment(gluon.HybridBlock):
         columns = list(columns) if self.width > 1 else [columns]  # each (n, 1, 1, 1)
         if self.compiled:  # reads the stored images, writes float32
             x = F.gg_gather_map(x, F.slice_axis(params, axis=1, begin=0, end=6), rounded=int("rotate" in self.components))
+        elif self.geometric:
+            x = self._gather(F, x.astype("float32"), columns[:6], cols, rows)
         else:
             x = x.astype("float32")
-        if self.geometric:
-            x = x if self.compiled else self._gather(F, x, columns[:6], cols, rows)
-            columns = columns[6:]
+        columns = columns[6 * self.geometric:]
         if "jitter" in self.components:
             x = self._jitter(F, x, columns[:3])
             columns = columns[3:]
@@ -254,12 +254,14 @@ def box_mask(F, rows, cols, top, left, bottom, right):
     return F.broadcast_mul(inside_rows, inside_cols)
 
 
-def make_augment(text, spec, compiled=False):
-    """The :class:`Augment` ``--augment text`` asks for on data ``spec``, or None;
-    ``compiled``: its gather as the compiled operator (loaded by the caller)."""
+def make_augment(text, spec, compiled_gather=None):
+    """The :class:`Augment` ``--augment text`` asks for on data ``spec``, or None.
+    ``compiled_gather``: a function saying whether the gather may run as the compiled
+    operator here (loading it), asked only when the components gather."""
     components = parse_augment(text)
     if not components:
         return None
     fill = [m / spec.scale for m in spec.mean]  # the mean, in stored units
+    gathers = any(name in components for name in GEOMETRIC)
     return Augment(components, spec.input_shape, fill, clip_max=255 if spec.dtype == "uint8" else None,
-                   compiled=compiled)
+                   compiled=gathers and compiled_gather is not None and compiled_gather())

@@ -16,7 +16,7 @@ from ..core.step.precision import check_precision, precision_for
 from ..core.step.tta import check_tta, parse_tta
 from ..core.step.spread_members import owners
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
-from ..data.augment import describe, make_augment, parse_augment
+from ..data.augment import describe, make_augment
 from ..data.batch_order import member_seeds, shared_batches
 from ..data.device_pipeline import MIXED_MEMBERS_AUGMENTED, device_copy_bytes
 from ..data.mixing import describe as describe_mixing, make_mixing
@@ -136,8 +136,7 @@ class RunInputs(NamedTuple):
 
 
 def _training_inputs(config, sweep, spec, members, ctx):
-    augment = make_augment(config.augment, spec, compiled=bool(parse_augment(config.augment))
-                           and compiled_gather(config.fused_conv, ctx))
+    augment = make_augment(config.augment, spec, lambda: compiled_gather(config.fused_conv, ctx))
     mixing, mix_alphas = members_mixing(config, sweep, spec)
     if augment is not None and members > 1 and mixing is not None:
         raise UserError(MIXED_MEMBERS_AUGMENTED)

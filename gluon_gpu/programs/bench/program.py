@@ -39,8 +39,8 @@ from ..cli import Parser, main_guard, non_negative_int, positive_int, progress_e
 from ..config import COMMON_FLAGS, add_flags
 from ..train import check_writable
 from . import accuracy, children, ensembles, inference, sweep, torch_train, variants
-from .timing import (TIMES, figure, machine_info, peak_rss_mib, scaling_config, summarize, text_table, time_ours,
-                     time_pytorch, time_tutorial)
+from .timing import (TIMES, TORCH_FACTS, figure, machine_info, peak_rss_mib, scaling_config, summarize, text_table,
+                     time_ours, time_pytorch, time_tutorial)
 
 
 def build_parser():
@@ -319,7 +319,7 @@ def run_scaling(args, data):
         if args.torch_python:
             runs = time_pytorch(args, torch_config, data.decoded(), bar)
             pytorch = {**summarize(args.devices[0], runs, len(data.train_x), len(parse_devices(args.devices[0]))),
-                       **{key: runs[0][key] for key in ("torch", "threads", "parameters")}}
+                       **{key: runs[0][key] for key in TORCH_FACTS}}
     _compare(rows, tutorial, pytorch)
     floor = _compute_floor(args, data, rows)
     _print_scaling(rows, tutorial, floor, augments, pytorch)

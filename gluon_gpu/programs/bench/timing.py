@@ -80,6 +80,9 @@ def time_tutorial(args, data, bar):
     return runs
 
 
+TORCH_FACTS = ("torch", "threads", "parameters")  # what PyTorch's run says of itself: version, threads, size
+
+
 def time_pytorch(args, config, data, bar):
     """Epoch seconds (training alone) of PyTorch eager training ``config`` (a run
     configuration's dict: the same network, batch, optimizer and data as ours) in
@@ -90,15 +93,15 @@ def time_pytorch(args, config, data, bar):
         samples, path = os.path.join(scratch, "samples.npz"), os.path.join(scratch, "config.json")
         save_samples(samples, data.spec, train_x=data.train_x, train_y=data.train_y, val_x=data.val_x,
                      val_y=data.val_y)
+        write_json(path, config)
         for _ in range(args.repeats):
-            write_json(path, config)
             epochs = []
             for line in torch_lines(args.torch_python, torch_train.__file__, samples, path, "none", "float32",
                                     seconds=args.timeout):
                 epochs.append(json.loads(line))
                 bar.update(1)
             runs.append({"seconds": [e["train_seconds"] for e in epochs], "val_acc": epochs[-1]["val_acc"],
-                         **{key: epochs[-1][key] for key in ("torch", "threads", "parameters")}})
+                         **{key: epochs[-1][key] for key in TORCH_FACTS}})
     return runs
 
 
