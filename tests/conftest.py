@@ -158,7 +158,7 @@ def fashion_folder(tmp_path_factory, train_slice):
 # `make check`: modules that together cover every layer in under 2 minutes.
 QUICK_MODULES = ("test_architecture", "test_devices", "test_blocks", "test_data", "test_run_folder",
                  "test_parallel", "test_train_cli", "test_install_script", "test_augment", "test_mixing",
-                 "test_export")
+                 "test_export", "test_elastic_supervisor")
 QUICK_TESTS = ("test_every_path_the_page_names_exists", "test_the_readme_is_a_front_door")
 
 

@@ -60,9 +60,13 @@ class Namespaces:
             _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
             _ip("link", "set", outside, "master", self.bridge, "up")
             _ip("link", "set", inside, "netns", ns)
-            _ip("addr", "add", f"{address}/24", "dev", inside, ns=ns)
-            _ip("link", "set", inside, "up", ns=ns)
+            _ip("link", "set", inside, "name", "eth0", ns=ns)  # one name on every host, as Horovod wants
+            _ip("addr", "add", f"{address}/24", "dev", "eth0", ns=ns)
+            _ip("link", "set", "eth0", "up", ns=ns)
             _ip("link", "set", "lo", "up", ns=ns)
+            # this machine's other addresses through the bridge (Horovod's launcher gives the
+            # workers its address on their interface's name); with forwarding off, no further
+            _ip("route", "add", "default", "via", self.local, ns=ns)
         self.names = [f"node{i}" for i in range(count)]
         self.hosts_file = str(root / "hosts")
         with open("/etc/hosts") as f, open(self.hosts_file, "w") as out:
@@ -100,8 +104,8 @@ class Hosts(Namespaces):
         super().__init__(root, count)
         self.root, self.sshd = root, []
         self._keys()
-        for ns, address in zip(self.namespaces, self.addresses):
-            self.sshd.append(self._start_sshd(ns, address))
+        for i, (ns, address) in enumerate(zip(self.namespaces, self.addresses)):
+            self.sshd.append(self._start_sshd(i, ns, address))
         for address in self.addresses:
             self._wait_for_ssh(address)
 
@@ -115,13 +119,16 @@ class Hosts(Namespaces):
             f.write(f"Host *\n  User root\n  IdentityFile {self.root / 'client'}\n  IdentitiesOnly yes\n"
                     "  UserKnownHostsFile /dev/null\n  StrictHostKeyChecking no\n  LogLevel ERROR\n")
 
-    def _start_sshd(self, ns, address):
+    def _start_sshd(self, index, ns, address):
+        """sshd on host ``index``, its sessions there too (on_host): its name, resolving
+        to its address, as on a real host (Horovod's Gloo binds some connections to the
+        address of the host's name)."""
         config = self.root / f"sshd_config_{ns}"
         config.write_text(f"ListenAddress {address}\nPort 22\nHostKey {self.root / 'host'}\n"
                           f"AuthorizedKeysFile {self.root / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
                           "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
                           f"StrictModes no\nPidFile {self.root / (ns + '.pid')}\n")
-        return subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(config)],
+        return subprocess.Popen(self.on_host(index, [SSHD, "-D", "-e", "-f", str(config)]),
                                 stdout=subprocess.DEVNULL, stderr=open(self.root / f"{ns}.log", "w"))
 
     def _wait_for_ssh(self, address, timeout=30):

@@ -196,3 +196,14 @@ class Cluster:
                     os.kill(int(f.read()), 15)
             except (OSError, ValueError):
                 pass
+
+
+def cluster_over(nodes, root):
+    """A Cluster over ``nodes`` (hosts.Namespaces, or Hosts), in folder ``root``, for a
+    fixture to yield from: stopped, and the nodes closed, after."""
+    try:
+        made = Cluster(root, nodes)
+        yield made
+        made.stop()
+    finally:
+        nodes.close()

@@ -10,7 +10,9 @@ import pytest
 from hosts import Hosts, why_not_possible
 from test_distributed import TRAIN, job_processes, params, run_launch, wait_until, wait_until_gone
 
-from conftest import read_metrics
+from conftest import read_metrics, with_flags
+from gluon_gpu.core.platform.errors import UserError
+from gluon_gpu.core.platform.optional import require_horovod
 
 REASON = why_not_possible()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no namespace hosts here: {REASON}")
@@ -21,6 +23,14 @@ def hosts(tmp_path_factory):
     made = Hosts(tmp_path_factory.mktemp("hosts"))
     yield made
     made.close()
+
+
+def horovod_missing():
+    try:
+        require_horovod("this test")
+    except UserError as e:
+        return str(e)
+    return None
 
 
 def launch_on(hosts, tmp_path, worker_args, job, launcher_args=()):
@@ -73,4 +83,28 @@ def test_no_remote_role_outlives_a_killed_launcher(hosts, tmp_path):
     wait_until(lambda: len([r for _, r in job_processes(job) if r == "worker"]) >= 2, proc, "both workers")
     proc.kill()
     proc.wait()
+    assert all_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
+
+
+def test_a_horovod_job_across_two_hosts(hosts, tmp_path):
+    """--engine horovod over a hostfile in Horovod's format: Horovod's launcher reaches
+    each host through ssh with the launcher's --ssh-config (horovodrun has no flag for
+    one), the workers' ring runs over the hosts' network, and both end equal."""
+    why = horovod_missing()
+    if why:
+        pytest.skip(why)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{a} slots=1\n" for a in hosts.addresses))
+    out, replicas, job = str(tmp_path / "run"), str(tmp_path / "replicas"), uuid.uuid4().hex
+    command = ["env", f"GLUON_GPU_REPLICA_DIR={replicas}"] + with_flags(TRAIN, "--kvstore", "horovod", "--epochs", "1",
+                                                                         "--out", out)
+    proc = run_launch(["--engine", "horovod", "-n", "2", "--hostfile", str(hostfile), "--ssh-config",
+                       hosts.ssh_config, "--"] + command, job)
+    printed, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    r0, r1 = params(os.path.join(replicas, "rank-0.params")), params(os.path.join(replicas, "rank-1.params"))
+    for k in r0:
+        np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
+    m = read_metrics(out)
+    assert m["workers"] == 2 and m["status"] == "finished" and m["epochs"][0]["val_acc"] > 0.5
     assert all_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})

@@ -40,6 +40,8 @@ def clean_env(**changes):
     ({"GLUON_GPU_STALL_TIMEOUT": "1h"}, "GLUON_GPU_STALL_TIMEOUT='1h': must be a whole number from 1"),
     ({"HOROVOD_RANK": "abc"}, "HOROVOD_RANK='abc': must be a whole number from 0 to 4095 (Horovod's launcher"),
     ({"HOROVOD_SIZE": "0"}, "HOROVOD_SIZE='0': must be a whole number from 1 to 4096 (Horovod's launcher"),
+    ({"HOROVOD_GLOO_TIMEOUT_SECONDS": "30s"}, "HOROVOD_GLOO_TIMEOUT_SECONDS='30s': must be a whole number from 1"),
+    ({"HOROVOD_CYCLE_TIME": "nan"}, "HOROVOD_CYCLE_TIME='nan': must be milliseconds above 0, at most 1000"),
 ])
 def test_a_bad_job_variable_is_one_line_before_mxnet_starts(changes, message):
     done = subprocess.run(TRAIN + ["--out", "/nonexistent/never"], cwd=REPO, env=clean_env(**{**JOB, **changes}),

@@ -17,7 +17,7 @@ import pytest
 from gluon_gpu.programs import launch, train
 from conftest import read_metrics, with_flags
 from hosts import Namespaces, why_no_namespaces
-from slurm_cluster import Cluster, why_not_possible
+from slurm_cluster import Cluster, cluster_over, why_not_possible
 from test_distributed import LONG, REPO, TRAIN, assert_same_params, checkpoint_exists, job_processes, params
 
 WHY = why_not_possible()
@@ -190,13 +190,7 @@ def two_nodes(tmp_path_factory):
     why = why_no_namespaces()
     if why:
         pytest.skip(f"no network namespaces for a second node: {why}")
-    nodes = Namespaces(tmp_path_factory.mktemp("nodes"), 2)
-    try:
-        made = Cluster(tmp_path_factory.mktemp("slurm2"), nodes)
-        yield made
-        made.stop()
-    finally:
-        nodes.close()
+    yield from cluster_over(Namespaces(tmp_path_factory.mktemp("nodes"), 2), tmp_path_factory.mktemp("slurm2"))
 
 
 def test_a_two_node_job_outlives_a_failed_node_and_ends_as_one_process(two_nodes, tmp_path, straight):

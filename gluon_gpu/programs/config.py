@@ -54,8 +54,9 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                 "MXNET_CPU_WORKER_NTHREADS; 0: as set, else 1, and for an ensemble on one CPU "
                                 "context one per core's worth of OpenMP threads, at most K)", True,
                                 type=thread_count)
-    bucket_mb: float = _flag(DEFAULT_BUCKET_MB, "several devices: gradients exchanged in contiguous buckets "
-                             "of up to this many MiB, one kvstore key each; 0: one key per parameter",
+    bucket_mb: float = _flag(DEFAULT_BUCKET_MB, "several devices, or --kvstore horovod: gradients exchanged in "
+                             "contiguous buckets of up to this many MiB, one kvstore key (allreduce) each; 0: one "
+                             "key per parameter",
                              True, type=non_negative_float)
     loader_workers: Optional[int] = _flag(None, "processes that read and decode batches (--pipeline loader) or "
                                           "decode the images a run keeps in memory; 0: in the main process "
@@ -172,6 +173,9 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
     commit_steps: int = _flag(0, "an elastic Horovod job (launch --elastic) commits its state, a checkpoint, every N "
                               "steps and at each epoch's end: what a reset goes back to (0: epoch ends only)", True,
                               type=non_negative_int, metavar="N")
+    max_resets: int = _flag(20, "an elastic Horovod job: the most times a worker starts its training again from "
+                            "the newest commit after the job's membership changed (or its process crashed)", True,
+                            type=non_negative_int, metavar="N")
     monitor: str = _flag("auto", "the validation figure best.params and --early-stop follow (auto: val-acc "
                          "when classifying, val-mse when regressing)", choices=MONITORS)
     early_stop: Optional[int] = _flag(None, "stop when --monitor has not improved for PATIENCE epochs", True,
@@ -206,7 +210,7 @@ GROUPS = {"data": ("dataset", "data_dir", "image_size", "task", "limit", "val_li
           "precision": ("dtype", "amp", "bfloat16_kernels"),
           "ensembles and sweeps": ("ensemble", "ensemble_layout", "sweep", "sweep_random", "prune", "prune_warmup"),
           "speed": ("pipeline", "loader_workers", "fused_conv", "omp_threads", "engine_threads"),
-          "checkpoints": ("out", "save_period", "keep", "commit_steps", "monitor", "early_stop"),
+          "checkpoints": ("out", "save_period", "keep", "commit_steps", "max_resets", "monitor", "early_stop"),
           "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
 ALL_FLAGS = tuple(f.name for f in fields(RunConfig))

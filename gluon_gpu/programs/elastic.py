@@ -1,74 +1,146 @@
 """Horovod's elastic mode for train (``gluon-gpu-launch --engine horovod --elastic``,
 which runs ``horovodrun --min-np --max-np --host-discovery-script``): a worker lost or
-a host added, and the job goes on in the processes it has, without a restart.
+a host added, and the job goes on with the workers it has, without a restart.
 
 Horovod's own elastic loop (``horovod.common.elastic.run_fn``) drives it; horovod.mxnet
 has none of its own. The state a reset goes back to is the run's newest complete
 checkpoint, which :class:`ElasticCommit` writes every ``--commit-steps`` steps and at
 each epoch's end (the commit), checking the hosts after each: a worker lost fails the
-next collective, a host added interrupts the next commit; either way every process
-shuts Horovod down and starts it again (the driver gives the new ranks), and trains on
-from that checkpoint as ``--resume`` does with another worker count. So the updates
-since the commit are undone and their samples trained again by the new membership:
-each epoch still trains every sample of its order exactly once in the parameters that
-survive. Every worker reads that checkpoint: the run folder must be one they all see
-(one host, or a shared file system).
+next collective, a host added interrupts the next commit. Either way every worker starts
+its training again from that checkpoint, as ``--resume`` does with another worker count,
+with the ranks Horovod's driver gives the new membership. So the updates since the
+commit are undone and their samples trained again by the new membership: each epoch
+still trains every sample of its order exactly once in the parameters that survive.
+Every worker reads that checkpoint: the run folder must be one they all see (one host,
+or a shared file system).
+
+Each worker's training runs in a child process of the one Horovod's driver started
+(:func:`supervise`), and a reset starts a new child. Why not shut Horovod down and
+start it again in the same process, as Horovod's PyTorch binding allows: when a
+collective fails, horovod.mxnet completes MXNet engine operations of the survivor twice
+or not at all, and one run in three of a loaded machine's died of it (a segmentation
+fault, ``free(): invalid next size``, an engine check on a freed operator) or raised
+the network's error text instead of Horovod's. A fresh process has none of that state;
+its start costs seconds, once per membership change.
 """
 import os
+import signal
+import subprocess
+import sys
+import urllib.request
 from dataclasses import replace
 
 import mxnet as mx
 
 from ..core.loop.callbacks import Callback
 from ..core.platform.errors import UserError
+from ..core.platform.signals import STOP_SIGNALS
+from .launch import GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_SECONDS
+from .remote_role import die_with_parent, send, signal_group
 
 ELASTIC_ENV = "HOROVOD_ELASTIC"  # set by horovodrun's elastic driver in every worker
+TRAINING_ENV = "GLUON_GPU_ELASTIC_TRAINING"  # in the child that trains (supervise): how many resets before it
+RANK_VARIABLES = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+                  "HOROVOD_CROSS_SIZE")  # the rendezvous server's answer, in its order
+RESET_STATUS = 75  # the child's exit for a reset: start another (EX_TEMPFAIL)
+CRASHES = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS)  # how a failed collective has killed a child
 
 
 def is_elastic(config):
     return config.kvstore == "horovod" and os.environ.get(ELASTIC_ENV) == "1"
 
 
+def is_supervisor():
+    """Whether this process is the one Horovod's driver started (not its training child)."""
+    return TRAINING_ENV not in os.environ
+
+
 def elastic_config(config):
     """``config`` as an elastic job runs it: without LeNet's fused conv operator, whose
-    library and Horovod's crash one process that imports Horovod before building it
-    (``free(): invalid pointer``), as each worker joining a job must, to learn its rank."""
+    library and Horovod's crash a process that starts Horovod before it builds the
+    network (``free(): invalid pointer``), as each elastic worker does, to learn its rank.
+    Loading the library before Horovod's import did not help."""
     if config.fused_conv == "on":
         raise UserError("`fused_conv` on: not in an elastic Horovod job (the operator's library and Horovod's "
                         "clash in a process that starts Horovod first); `fused_conv` off or auto")
     return replace(config, fused_conv="off")
 
 
+def supervise(max_resets):
+    """This worker's training as a child process (this program's own command line), and
+    a new one after each reset, at most ``max_resets`` times; the exit status. Stop
+    signals go on to the child, which checkpoints; the child dies with this process."""
+    children, stops = [], []
+
+    def forward(signum, _frame):
+        stops.append(signum)
+        if children:
+            send(children[-1], signum)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, forward)
+    for resets in range(max_resets + 1):
+        children.append(subprocess.Popen(sys.orig_argv, env={**os.environ, TRAINING_ENV: str(resets)},
+                                         start_new_session=True, preexec_fn=die_with_parent))
+        code = children[-1].wait()
+        signal_group(children[-1].pid)  # helpers it left (DataLoader workers)
+        if stops or (code != RESET_STATUS and -code not in CRASHES):
+            return code if code >= 0 else 128 - code
+        why = "the job's membership changed" if code == RESET_STATUS else \
+            f"its training died of {signal.Signals(-code).name} as a collective failed"
+        if resets < max_resets:
+            print(f"gluon_gpu.train: {why}: this worker trains on from the newest commit "
+                  f"(reset {resets + 1} of at most {max_resets}, --max-resets)", file=sys.stderr, flush=True)
+    print(f"gluon_gpu.train: error: {why} after {max_resets} resets (--max-resets): this worker stops",
+          file=sys.stderr, flush=True)
+    return 1
+
+
 def run_elastic(train_once, committed):
-    """``train_once(commits, resume)`` until it returns, through Horovod's elastic loop;
-    its exit status. ``resume``, as rank 0 says at each (re)start: after a reset, or when
-    ``committed()`` (a worker joining a running job, whose run folder holds commits)."""
+    """``train_once(commits, resume)`` through Horovod's elastic loop, in the child of
+    :func:`supervise`; its exit status, or this process ends with RESET_STATUS at a reset.
+    ``resume``, as rank 0 says: when ``committed()`` (after a reset, or a worker joining
+    a running job, whose run folder holds commits). An MXNet error is taken for a failed
+    collective (horovod.mxnet's raise inside MXNet's engine, with Horovod's text or the
+    network's): a reset, as Horovod's PyTorch binding takes its own; a fault of the
+    program's would come back at every reset, until --max-resets."""
     from horovod.common.elastic import run_fn  # pylint: disable=import-outside-toplevel
     from horovod.common.exceptions import HorovodInternalError  # pylint: disable=import-outside-toplevel
-    attempts = 0
+
+    if int(os.environ[TRAINING_ENV]) and not _take_new_rank():
+        return 0
 
     def once(commits):
-        nonlocal attempts
-        attempts += 1
-        hvd = _hvd()
-        resume = hvd.broadcast_object(attempts > 1 or committed(), root_rank=0, name="elastic.resume")
         try:
-            return train_once(commits, resume)
-        except mx.base.MXNetError as e:  # horovod.mxnet's ops fail inside MXNet's engine
-            if "Horovod has been shut down" in str(e):
-                raise HorovodInternalError(str(e)) from None
-            raise
+            return train_once(commits, _hvd().broadcast_object(committed(), root_rank=0, name="elastic.resume"))
+        except mx.base.MXNetError as e:
+            last = (str(e).strip().splitlines() or ["?"])[-1]
+            print(f"gluon_gpu.train: a collective failed ({last})", file=sys.stderr, flush=True)
+            raise HorovodInternalError(str(e)) from None
 
     def reset():
-        try:  # MXNet keeps the failed collective's error and raises it at the next waitall: drained here
-            mx.nd.waitall()
-        except mx.base.MXNetError:
-            pass
-        hvd = _hvd()
-        hvd.shutdown()
-        hvd.init()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(RESET_STATUS)  # pylint: disable=protected-access; no teardown of a broken Horovod
 
     return run_fn(once, reset)(_commits())
+
+
+def _take_new_rank():
+    """After a reset: this worker's place in the new membership, asked of the driver's
+    rendezvous server as Horovod asks when it starts again in one process (only then: a
+    new process would take the ranks its driver gave at the job's start), and set where
+    Horovod reads it. False when the driver took this host out of the job."""
+    env = os.environ
+    url = (f"http://{env['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{env['HOROVOD_GLOO_RENDEZVOUS_PORT']}/rank_and_size/"
+           f"{env['HOROVOD_HOSTNAME']}:{env['HOROVOD_LOCAL_RANK']}")
+    with urllib.request.urlopen(url, timeout=int(env.get(GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_SECONDS))) as answer:
+        values = answer.read().decode("ascii").split(",")
+    if int(values[0]) < 0:
+        print(f"gluon_gpu.train: Horovod's driver took {env['HOROVOD_HOSTNAME']} out of the job: this worker ends",
+              file=sys.stderr, flush=True)
+        return False
+    env.update(zip(RANK_VARIABLES, values))
+    return True
 
 
 def _commits():

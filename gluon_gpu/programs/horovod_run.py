@@ -1,12 +1,16 @@
 """Horovod's own launcher (``horovodrun``, its Gloo driver) as ``gluon-gpu-launch
---engine horovod`` runs it: ``python -m gluon_gpu.programs.horovod_run GRACE ARGS...``.
+--engine horovod`` runs it: ``python -m gluon_gpu.programs.horovod_run GRACE SSH_CONFIG
+ARGS...``.
 
-Two things differ from ``horovodrun ARGS...``: a stopped job gives its workers GRACE
-seconds between SIGTERM and SIGKILL (Horovod's own 5 may be too few for a checkpoint),
-and a worker that failed ends it in one line naming that worker's exit status, where
+Three things differ from ``horovodrun ARGS...``: a stopped job gives its workers GRACE
+seconds between SIGTERM and SIGKILL (Horovod's own 5 may be too few for a checkpoint);
+its ssh sessions to other hosts read the client configuration SSH_CONFIG (``ssh -F``,
+the launcher's --ssh-config; "" for ssh's own), which horovodrun has no flag for; and a
+worker that failed ends it in one line naming that worker's exit status, where
 horovodrun raises a RuntimeError with its traceback. Imports nothing of gluon_gpu or
 MXNet: Horovod's driver starts the workers, which import them.
 """
+import shlex
 import sys
 
 
@@ -14,8 +18,12 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     from horovod.runner import launch  # pylint: disable=import-outside-toplevel
     from horovod.runner.common.util import safe_shell_exec  # pylint: disable=import-outside-toplevel
-    safe_shell_exec.GRACEFUL_TERMINATION_TIME_S = int(argv[0])
-    sys.argv = ["horovodrun", *argv[1:]]
+    from horovod.runner.util import remote  # pylint: disable=import-outside-toplevel
+    grace, ssh_config, argv = argv[0], argv[1], argv[2:]
+    safe_shell_exec.GRACEFUL_TERMINATION_TIME_S = int(grace)
+    if ssh_config:  # every ssh command of Horovod's launcher starts with this prefix
+        remote.SSH_COMMAND_PREFIX += f" -F {shlex.quote(ssh_config)}"
+    sys.argv = ["horovodrun", *argv]
     try:
         launch.run_commandline()
     except RuntimeError as e:

@@ -82,7 +82,8 @@ def build_parser():
     p.add_argument("--max-restarts", type=non_negative_int, default=0,
                    help="start a job whose process died again, up to N times; its workers resume "
                         "their --out from the newest complete checkpoint")
-    p.add_argument("--ssh-config", help="ssh client configuration file for the hosts (ssh -F)")
+    p.add_argument("--ssh-config", help="ssh client configuration file for the hosts (ssh -F; --engine horovod: "
+                                        "Horovod's launcher's ssh too)")
     p.add_argument("--slurm", action=argparse.BooleanOptionalAction, default=None,
                    help="start servers and workers with srun on the nodes of this Slurm allocation "
                         "(default: inside one, where SLURM_JOB_ID is set, and without --hostfile)")
@@ -266,8 +267,9 @@ def horovod_plan(args, job, restart=0, hosts=None):
     nodes) round-robin over the hosts through ssh, and gives them ``--grace`` seconds
     between SIGTERM and SIGKILL."""
     require_horovod("--engine horovod")
-    argv = [args.python, "-m", "gluon_gpu.programs.horovod_run", str(args.grace), "-np", str(args.num_workers),
-            "--gloo"]
+    ssh_config = os.path.abspath(args.ssh_config) if args.ssh_config else ""
+    argv = [args.python, "-m", "gluon_gpu.programs.horovod_run", str(args.grace), ssh_config,
+            "-np", str(args.num_workers), "--gloo"]
     if args.elastic:
         argv += ["--min-np", str(args.min_workers), "--max-np", str(args.max_workers or args.num_workers),
                  "--host-discovery-script", os.path.abspath(args.host_discovery_script)]

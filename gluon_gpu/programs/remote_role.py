@@ -66,7 +66,8 @@ def signal_group(pid, signum=signal.SIGKILL):
         pass
 
 
-def _send(child, signum):
+def send(child, signum):
+    """``signum`` to the process ``child`` (a Popen), if it is still there."""
     try:
         os.kill(child.pid, signum)
     except ProcessLookupError:
@@ -77,7 +78,7 @@ def _obey(control, child):
     for line in control:
         name = line.strip()
         if name in CONTROL:
-            _send(child, getattr(signal, name))
+            send(child, getattr(signal, name))
     signal_group(child.pid)  # the session is gone: so is the job
 
 
@@ -92,7 +93,7 @@ def run(command):
         print(f"gluon_gpu.launch: cannot start {command[0]} on this host: {e.strerror or e}", file=sys.stderr)
         return 127
     for name in CONTROL:  # to the role, which stops as it does (the wrapper waits for it)
-        signal.signal(getattr(signal, name), lambda signum, _frame: _send(child, signum))
+        signal.signal(getattr(signal, name), lambda signum, _frame: send(child, signum))
     threading.Thread(target=_obey, args=(sys.stdin, child), daemon=True).start()
     code = child.wait()
     signal_group(child.pid)  # helpers the role left behind

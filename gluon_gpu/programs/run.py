@@ -270,6 +270,7 @@ IDLE_FLAGS = (
     ("ensemble_layout", "ensemble", lambda c: c.ensemble == 1 and not c.sweep,
      "it lays out the members of an `ensemble` or a `sweep`"),
     ("commit_steps", "kvstore", lambda c: c.kvstore != "horovod", "it is how often an elastic Horovod job commits"),
+    ("max_resets", "kvstore", lambda c: c.kvstore != "horovod", "it bounds an elastic Horovod job's resets"),
 )
 
 

@@ -129,6 +129,7 @@ def job_whole_numbers():
             "GLUON_GPU_STALL_TIMEOUT": (1, 7 * 86400, " seconds"),
             "HOROVOD_RANK": (0, MAX_JOB_PROCESSES - 1, " (Horovod's launcher sets it)"),
             "HOROVOD_SIZE": (1, MAX_JOB_PROCESSES, " (Horovod's launcher sets it)"),
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": (1, 7 * 86400, " seconds"),
             "GLUON_GPU_RESTART": (1, 10 ** 6, " (the restart's number, as gluon-gpu-launch sets it)")}
 
 
@@ -169,7 +170,17 @@ def job_problem(env):
     share = env.get("GLUON_GPU_GPU_SHARE")
     if share is not None and not _share_ok(share):
         return f"GLUON_GPU_GPU_SHARE={share!r}: must be J/W, worker J (from 0) of the W on its node"
+    cycle = env.get("HOROVOD_CYCLE_TIME")
+    if cycle is not None and not _milliseconds_ok(cycle):
+        return f"HOROVOD_CYCLE_TIME={cycle!r}: must be milliseconds above 0, at most 1000 (Horovod's loop's cycle)"
     return None
+
+
+def _milliseconds_ok(text):
+    try:
+        return 0 < float(text) <= 1000
+    except ValueError:
+        return False
 
 
 def _share_ok(text):

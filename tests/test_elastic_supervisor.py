@@ -1,0 +1,59 @@
+"""An elastic Horovod worker's supervisor (programs/elastic.supervise): the process
+Horovod's driver started runs the training as a child, and a new child after each
+reset (its exit RESET_STATUS) or a crash as a collective failed, at most --max-resets
+times. Its child here is a stand-in script that ends as each test says."""
+import signal
+import sys
+
+import pytest
+
+from gluon_gpu.programs import elastic
+
+
+def supervised(monkeypatch, body, max_resets=3):
+    """supervise() over a child running ``body`` (Python; ``n``: how many resets came
+    before it, from elastic.TRAINING_ENV), its exit status."""
+    source = f"import os, signal, sys\nn = int(os.environ[{elastic.TRAINING_ENV!r}])\n{body}"
+    monkeypatch.setattr(sys, "orig_argv", [sys.executable, "-c", source])
+    monkeypatch.delenv(elastic.TRAINING_ENV, raising=False)
+    handlers = {s: signal.getsignal(s) for s in elastic.STOP_SIGNALS}
+    try:
+        return elastic.supervise(max_resets)
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def test_a_crash_and_a_reset_each_start_a_new_child_that_goes_on(monkeypatch, capfd):
+    code = supervised(monkeypatch, f"if n == 0: os.kill(os.getpid(), signal.SIGSEGV)\n"
+                                   f"sys.exit({elastic.RESET_STATUS} if n == 1 else 0)")
+    said = capfd.readouterr().err.strip().splitlines()
+    assert code == 0
+    assert said == ["gluon_gpu.train: its training died of SIGSEGV as a collective failed: this worker trains on "
+                    "from the newest commit (reset 1 of at most 3, --max-resets)",
+                    "gluon_gpu.train: the job's membership changed: this worker trains on from the newest commit "
+                    "(reset 2 of at most 3, --max-resets)"]
+
+
+def test_resets_have_a_ceiling(monkeypatch, capfd):
+    code = supervised(monkeypatch, f"sys.exit({elastic.RESET_STATUS})", max_resets=2)
+    said = capfd.readouterr().err.strip().splitlines()
+    assert code == 1 and len(said) == 3
+    assert said[-1] == ("gluon_gpu.train: error: the job's membership changed after 2 resets (--max-resets): "
+                        "this worker stops")
+
+
+@pytest.mark.parametrize("body,expected", [("sys.exit(3)", 3), ("os.kill(os.getpid(), signal.SIGKILL)", 137),
+                                           ("sys.exit(0)", 0)])
+def test_any_other_end_is_the_worker_s_own(monkeypatch, capfd, body, expected):
+    assert supervised(monkeypatch, body) == expected
+    assert capfd.readouterr().err == ""
+
+
+def test_a_stop_signal_goes_on_to_the_child(monkeypatch, tmp_path):
+    """SIGTERM to the supervisor reaches the training child, which ends as it decides."""
+    ready = tmp_path / "ready"
+    body = (f"signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+            f"open({str(ready)!r}, 'w').close()\nos.kill(os.getppid(), signal.SIGTERM)\nsignal.pause()")
+    assert supervised(monkeypatch, body) == 143
+    assert ready.exists()
