@@ -2,6 +2,7 @@
 Horovod's driver started runs the training as a child, and a new child after each
 reset (its exit RESET_STATUS) or a crash as a collective failed, at most --max-resets
 times. Its child here is a stand-in script that ends as each test says."""
+import os
 import signal
 import sys
 
@@ -57,3 +58,59 @@ def test_a_stop_signal_goes_on_to_the_child(monkeypatch, tmp_path):
             f"open({str(ready)!r}, 'w').close()\nos.kill(os.getppid(), signal.SIGTERM)\nsignal.pause()")
     assert supervised(monkeypatch, body) == 143
     assert ready.exists()
+
+
+@pytest.fixture
+def rendezvous(monkeypatch):
+    """A stand-in for the driver's rendezvous server answering ``answer[0]`` to every
+    GET, and the variables Horovod's driver gives a worker pointing at it."""
+    import http.server
+    import threading
+    answer, asked = ["1,2,0,1,1,2"], []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # pylint: disable=invalid-name
+            asked.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(answer[0].encode("ascii"))
+
+        def log_message(self, *_):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for name, value in (("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1"), ("HOROVOD_GLOO_RENDEZVOUS_PORT",
+                        str(server.server_port)), ("HOROVOD_HOSTNAME", "node1"), ("HOROVOD_GLOO_TIMEOUT_SECONDS", "5"),
+                        *((v, "1" if v.endswith("SIZE") else "0") for v in elastic.RANK_VARIABLES)):
+        monkeypatch.setenv(name, value)  # all restored after, those the worker sets too
+    yield answer, asked, server
+    server.shutdown()
+
+
+def test_a_new_child_takes_its_rank_in_the_new_membership(rendezvous):
+    answer, asked, _ = rendezvous
+    assert elastic._take_new_rank() is None  # pylint: disable=protected-access
+    assert asked == ["/rank_and_size/node1:0"]
+    assert [os.environ[v] for v in elastic.RANK_VARIABLES] == answer[0].split(",")
+
+
+def test_a_host_taken_out_of_the_job_ends_its_worker_quietly(rendezvous, capfd):
+    rendezvous[0][0] = "-1,-1,-1,-1,-1,-1"
+    assert elastic._take_new_rank() == 0  # pylint: disable=protected-access
+    assert capfd.readouterr().err == "gluon_gpu.train: Horovod's driver took node1:0 out of the job: this worker ends\n"
+
+
+@pytest.mark.parametrize("answer", ["garbage", "1,2"])
+def test_no_rank_from_the_server_is_one_line(rendezvous, capfd, answer):
+    rendezvous[0][0] = answer
+    assert elastic._take_new_rank() == 1  # pylint: disable=protected-access
+    said = capfd.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("gluon_gpu.train: error: Horovod's rendezvous server at 127.0.0.1:")
+
+
+def test_a_server_gone_is_one_line(rendezvous, capfd):
+    rendezvous[2].shutdown()
+    rendezvous[2].server_close()
+    assert elastic._take_new_rank() == 1  # pylint: disable=protected-access
+    said = capfd.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "gave this worker no rank within 5 s (HOROVOD_GLOO_TIMEOUT_SECONDS)" in said[0]

@@ -173,8 +173,9 @@ def horovod_workers(job):
 
 
 def resumed_from(printed):
-    """The commit an elastic job went on from after its reset (its line), as a folder name."""
-    line, = [l for l in printed.splitlines() if "resuming from" in l]
+    """The commit an elastic job went on from after its last reset (its line), as a
+    folder name: a child that died with the failed collective adds a reset (elastic.py)."""
+    line = [l for l in printed.splitlines() if "resuming from" in l][-1]
     return os.path.basename(line.split("resuming from ", 1)[1].split(" (")[0])
 
 

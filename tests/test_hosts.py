@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hosts import Hosts, why_not_possible
-from test_distributed import TRAIN, job_processes, params, run_launch, wait_until, wait_until_gone
+from test_distributed import TRAIN, checkpoint_exists, job_processes, params, run_launch, wait_until, wait_until_gone
 
 from conftest import read_metrics, with_flags
 from gluon_gpu.core.platform.errors import UserError
@@ -107,4 +107,30 @@ def test_a_horovod_job_across_two_hosts(hosts, tmp_path):
         np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
     m = read_metrics(out)
     assert m["workers"] == 2 and m["status"] == "finished" and m["epochs"][0]["val_acc"] > 0.5
+    assert all_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})
+
+
+def test_an_elastic_horovod_job_over_two_hosts_goes_on_without_the_one_lost(hosts, tmp_path):
+    """--elastic over the two hosts, which the discovery script lists (and
+    --network-interface names their interface, as on a cluster): the second host's
+    worker killed mid-epoch, the first trains on alone from the newest commit, and the
+    run ends with that commit's parameters resumed by one worker."""
+    why = horovod_missing()
+    if why:
+        pytest.skip(why)
+    from test_horovod import ELASTIC, assert_equals_a_resume_from, discovery, horovod_workers, resumed_from
+    script, _ = discovery(tmp_path, *(f"{a}:1" for a in hosts.addresses))
+    out, job = str(tmp_path / "run"), uuid.uuid4().hex
+    proc = run_launch(["--engine", "horovod", "--elastic", "-n", "2", "--host-discovery-script", script,
+                       "--ssh-config", hosts.ssh_config, "--network-interface", "eth0", "--grace", "30", "--"] +
+                      ELASTIC + ["--out", out], job)
+    wait_until(lambda: checkpoint_exists(out, 1, 20), proc, "a commit inside epoch 2")
+    second = [pid for pid in horovod_workers(job) if pid in hosts.pids_in(hosts.namespaces[1])]
+    assert len(second) == 1
+    os.kill(second[0], signal.SIGKILL)
+    printed, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    epochs = read_metrics(out)["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3] and epochs[0]["workers"] == 2 and epochs[-1].get("workers", 1) == 1
+    assert_equals_a_resume_from(out, resumed_from(printed), 1, tmp_path)
     assert all_gone(job, hosts) == ([], {ns: [] for ns in hosts.namespaces})

@@ -33,9 +33,11 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "co
 # built into the same library: the augmentation's gather (gg_gather_map, data/augment.py)
 GATHER_SOURCE = os.path.join(os.path.dirname(SOURCE), "gather_map.cc")
 # -fassociative-math lets the compiler vectorize the gradient sums; no -ffinite-math-only,
-# so NaNs still propagate (a diverged run must still be seen as one).
+# so NaNs still propagate (a diverged run must still be seen as one). -Bsymbolic: the
+# library's calls to its own functions (MXNet's lib_api.cc, compiled in) bind to them,
+# not to same-named ones a library loaded before with RTLD_GLOBAL exports (Horovod's).
 CXXFLAGS = ["-shared", "-fPIC", "-std=c++17", "-O3", "-march=native", "-fno-math-errno",
-            "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
+            "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-Wl,-Bsymbolic"]
 
 _state = {"loaded": False, "error": None, "warned": False}
 WARNED_ENV = "GLUON_GPU_SAID_NO_FUSED_CONV"

@@ -54,9 +54,8 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                 "MXNET_CPU_WORKER_NTHREADS; 0: as set, else 1, and for an ensemble on one CPU "
                                 "context one per core's worth of OpenMP threads, at most K)", True,
                                 type=thread_count)
-    bucket_mb: float = _flag(DEFAULT_BUCKET_MB, "several devices, or --kvstore horovod: gradients exchanged in "
-                             "contiguous buckets of up to this many MiB, one kvstore key (allreduce) each; 0: one "
-                             "key per parameter",
+    bucket_mb: float = _flag(DEFAULT_BUCKET_MB, "several devices: gradients exchanged in contiguous buckets "
+                             "of up to this many MiB, one kvstore key each; 0: one key per parameter",
                              True, type=non_negative_float)
     loader_workers: Optional[int] = _flag(None, "processes that read and decode batches (--pipeline loader) or "
                                           "decode the images a run keeps in memory; 0: in the main process "

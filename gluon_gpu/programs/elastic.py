@@ -28,12 +28,10 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from dataclasses import replace
 
 import mxnet as mx
 
 from ..core.loop.callbacks import Callback
-from ..core.platform.errors import UserError
 from ..core.platform.signals import STOP_SIGNALS
 from .launch import GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_SECONDS
 from .remote_role import die_with_parent, send, signal_group
@@ -53,17 +51,6 @@ def is_elastic(config):
 def is_supervisor():
     """Whether this process is the one Horovod's driver started (not its training child)."""
     return TRAINING_ENV not in os.environ
-
-
-def elastic_config(config):
-    """``config`` as an elastic job runs it: without LeNet's fused conv operator, whose
-    library and Horovod's crash a process that starts Horovod before it builds the
-    network (``free(): invalid pointer``), as each elastic worker does, to learn its rank.
-    Loading the library before Horovod's import did not help."""
-    if config.fused_conv == "on":
-        raise UserError("`fused_conv` on: not in an elastic Horovod job (the operator's library and Horovod's "
-                        "clash in a process that starts Horovod first); `fused_conv` off or auto")
-    return replace(config, fused_conv="off")
 
 
 def supervise(max_resets):
@@ -106,8 +93,9 @@ def run_elastic(train_once, committed):
     from horovod.common.elastic import run_fn  # pylint: disable=import-outside-toplevel
     from horovod.common.exceptions import HorovodInternalError  # pylint: disable=import-outside-toplevel
 
-    if int(os.environ[TRAINING_ENV]) and not _take_new_rank():
-        return 0
+    ended = _take_new_rank() if int(os.environ[TRAINING_ENV]) else None
+    if ended is not None:
+        return ended
 
     def once(commits):
         try:
@@ -129,18 +117,26 @@ def _take_new_rank():
     """After a reset: this worker's place in the new membership, asked of the driver's
     rendezvous server as Horovod asks when it starts again in one process (only then: a
     new process would take the ranks its driver gave at the job's start), and set where
-    Horovod reads it. False when the driver took this host out of the job."""
-    env = os.environ
-    url = (f"http://{env['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{env['HOROVOD_GLOO_RENDEZVOUS_PORT']}/rank_and_size/"
-           f"{env['HOROVOD_HOSTNAME']}:{env['HOROVOD_LOCAL_RANK']}")
-    with urllib.request.urlopen(url, timeout=int(env.get(GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_SECONDS))) as answer:
-        values = answer.read().decode("ascii").split(",")
-    if int(values[0]) < 0:
-        print(f"gluon_gpu.train: Horovod's driver took {env['HOROVOD_HOSTNAME']} out of the job: this worker ends",
+    Horovod reads it. None, or the exit status when the worker cannot go on: 0 when the
+    driver took this host out of the job, 1 when the server gave no rank."""
+    env, seconds = os.environ, int(os.environ.get(GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_SECONDS))
+    where = f"{env.get('HOROVOD_GLOO_RENDEZVOUS_ADDR')}:{env.get('HOROVOD_GLOO_RENDEZVOUS_PORT')}"
+    try:
+        slot = f"{env['HOROVOD_HOSTNAME']}:{env['HOROVOD_LOCAL_RANK']}"
+        with urllib.request.urlopen(f"http://{where}/rank_and_size/{slot}", timeout=seconds) as answer:
+            values = [int(v) for v in answer.read().decode("ascii").split(",")]
+        if len(values) != len(RANK_VARIABLES):
+            raise ValueError(f"{len(values)} numbers, not {len(RANK_VARIABLES)}")
+    except (OSError, ValueError, KeyError) as e:
+        print(f"gluon_gpu.train: error: Horovod's rendezvous server at {where} gave this worker no rank within "
+              f"{seconds} s ({GLOO_TIMEOUT_ENV}): {e}", file=sys.stderr, flush=True)
+        return 1
+    if values[0] < 0:
+        print(f"gluon_gpu.train: Horovod's driver took {slot} out of the job: this worker ends",
               file=sys.stderr, flush=True)
-        return False
-    env.update(zip(RANK_VARIABLES, values))
-    return True
+        return 0
+    env.update(zip(RANK_VARIABLES, map(str, values)))
+    return None
 
 
 def _commits():

@@ -67,8 +67,8 @@ def build_parser():
     p.add_argument("--min-workers", type=positive_int, default=1, help="--elastic: the fewest workers to go on with")
     p.add_argument("--max-workers", type=positive_int, default=None, help="--elastic: the most (default: -n)")
     p.add_argument("--network-interface", default=None, metavar="IFACE",
-                   help="--engine horovod: the interface the workers talk over (default: Horovod's choice; lo for "
-                        "--elastic, whose hosts are this machine's)")
+                   help="--engine horovod: the interface the workers talk over (default: Horovod's choice; for "
+                        "--elastic lo, right only when its hosts are all this machine)")
     p.add_argument("--hostfile", help="one host per line ([user@]host[:ssh-port]; --engine horovod: Horovod's and "
                                       "MPI's HOST slots=N); default: all local")
     p.add_argument("--scheduler-host", default=None,

@@ -27,7 +27,7 @@ from ..models.member_stack import ensemble_variables
 from ..models.sync_bn import sync_bn_variables
 from .cli import Parser, as_flags, command, main_guard, progress_enabled
 from .config import RunConfig, add_flags
-from .elastic import ElasticCommit, elastic_config, is_elastic, is_supervisor, run_elastic, supervise
+from .elastic import ElasticCommit, is_elastic, is_supervisor, run_elastic, supervise
 from .launch import RESTART_ENV
 from .plan import plan_line
 from .recipes import apply_recipe, recipe_table
@@ -119,7 +119,6 @@ def main(argv=None, restart=None):
     _thread_settings(args, config, restart=argv is None if restart is None else restart)
     if not is_elastic(config):
         return _run(args, config, state)
-    config = elastic_config(config)
     if is_supervisor():
         return supervise(config.max_resets)
     out = args.resume or (config.out if config.out and complete_checkpoints(config.out) else

@@ -130,6 +130,8 @@ def job_whole_numbers():
             "HOROVOD_RANK": (0, MAX_JOB_PROCESSES - 1, " (Horovod's launcher sets it)"),
             "HOROVOD_SIZE": (1, MAX_JOB_PROCESSES, " (Horovod's launcher sets it)"),
             "HOROVOD_GLOO_TIMEOUT_SECONDS": (1, 7 * 86400, " seconds"),
+            "GLUON_GPU_ELASTIC_TRAINING": (0, 10 ** 6, " (the resets before it, as an elastic worker's supervisor "
+                                                       "sets it)"),
             "GLUON_GPU_RESTART": (1, 10 ** 6, " (the restart's number, as gluon-gpu-launch sets it)")}
 
 

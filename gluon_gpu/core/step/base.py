@@ -41,8 +41,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
     ``optimizer_params``: a dict (placed members: or a list, one each). ``transform``: a HybridBlock run on
     each input shard in the step graph (normalization). ``batch_size``: the nominal batch; gradients are
     divided by the larger of it and the batch's own size, as ``trainer.step(batch_size)`` does.
-    ``bucket_bytes``: gradient buckets on several devices of one process, or of a Horovod job's worker (0: one
-    kvstore key per parameter).
+    ``bucket_bytes``: gradient buckets on several devices of one process (0: one kvstore key per parameter).
     ``exchange=False``: no gradient exchange (the benchmark's baseline). ``accumulate=N``: N steps' gradients
     summed before one update. ``clip_grad``: the mean gradient's global norm clipped after the exchange.
     ``dtype``/``amp``/``loss_scaling``: precision.py. ``augment``, ``mixing``: training inputs (inputs.py).
@@ -75,8 +74,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
         self.distributed = is_distributed(kvstore)
         self._workers = Workers((store or create_store(kvstore)) if self.distributed else None)
         self.rank, self.num_workers = self._workers.rank, self._workers.count
-        self.allreduce = kvstore == "horovod"  # sums over the workers as over the devices: buckets fit it too
-        self.bucketing = exchange and (self.allreduce or not self.distributed) and self._can_bucket(bucket_bytes)
+        self.bucketing = exchange and not self.distributed and self._can_bucket(bucket_bytes)
         params = self.precision.optimizer_params(optimizer_params)
         # Every device updates its own replica from the summed gradients (dist_async can
         # only update on the servers); with buckets the Trainer has no kvstore of its own.
@@ -84,7 +82,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
         self.trainer = trainer_for(net, optimizer, params, through,
                                    update_on_kvstore=None if kvstore == "dist_async" else False)
         init_loss_scaling(self.precision, self.trainer)  # AMP needs update_on_kvstore=False, as here
-        self.gradients = Gradients(net, self.ctx, self.trainer, self._workers.store or kvstore, self.bucketing, bucket_bytes,
+        self.gradients = Gradients(net, self.ctx, self.trainer, kvstore, self.bucketing, bucket_bytes,
                                    self.is_np, self.owner)
         self._sums = DeviceSums(self.ctx, (1 + len(self.names)) * self.members, self.members)
         self.spread = self._workers.start(self.trainer, self.is_np, self._sums.width, len(self.ctx),

@@ -10,7 +10,7 @@ from .buckets import Buckets
 
 class Gradients:
     """The trained parameters of ``net`` on ``ctx`` and their exchange: ``bucketing``
-    (through a ``kvstore`` of that name or a job's kvstore, buckets of up to ``bucket_bytes``) or the
+    (through a ``kvstore`` of that name, buckets of up to ``bucket_bytes``) or the
     ``trainer``'s. ``placed``: the network places its own members (members.py), each
     parameter on its member's one device."""
 
@@ -36,18 +36,10 @@ class Gradients:
         made = self.buckets is None
         if made:
             kvstore, bucket_bytes = self._bucket_config
-            if isinstance(kvstore, mx.kv.KVStoreBase):  # a job's (Horovod's): rank 0's parameters first, as a
-                self._broadcast(kvstore)                # Trainer with that kvstore broadcasts them
-            else:
-                kvstore = mx.kv.create(kvstore)
-            self.buckets = Buckets(self.net.collect_params().values(), self.ctx, kvstore, bucket_bytes, self._is_np)
+            self.buckets = Buckets(self.net.collect_params().values(), self.ctx, mx.kv.create(kvstore), bucket_bytes,
+                                   self._is_np)
         self.buckets.allreduce()
         return made
-
-    def _broadcast(self, store):
-        for key, param in enumerate(self.net.collect_params().values()):
-            arrays = [legacy(a) for a in param.list_data()]
-            store.broadcast(key, arrays[0], out=arrays)
 
     def clip(self, max_norm, members=None):
         """Global-norm clipping of the summed gradients, on every device alike (replicas

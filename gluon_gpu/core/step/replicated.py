@@ -21,8 +21,7 @@ class ReplicatedStep(Step):
         place(self.net, self.ctx, initializer)
 
     def _can_bucket(self, bucket_bytes):
-        return (len(self.ctx) > 1 or self.allreduce) and bucket_bytes > 0 and \
-            bucketable(self.net.collect_params().values())
+        return len(self.ctx) > 1 and bucket_bytes > 0 and bucketable(self.net.collect_params().values())
 
     def _trainer_exchanges(self, exchange):
         return exchange and not self.bucketing
