@@ -114,3 +114,20 @@ def test_a_server_gone_is_one_line(rendezvous, capfd):
     assert elastic._take_new_rank() == 1  # pylint: disable=protected-access
     said = capfd.readouterr().err.strip().splitlines()
     assert len(said) == 1 and "gave this worker no rank within 5 s (HOROVOD_GLOO_TIMEOUT_SECONDS)" in said[0]
+
+
+def test_an_epoch_end_checks_the_hosts_only_when_another_step_follows():
+    """After the last epoch (or an early stop) no check: a reset there ended the worker
+    before it wrote the run's final files, seen in a job over two hosts."""
+    class Commits:
+        checks = 0
+
+        def check_host_updates(self):
+            self.checks += 1
+    commits = Commits()
+    commit = elastic.ElasticCommit(commits, checkpointer=None, history=[], every=0, batches=100)
+    commit.on_epoch_end({"epoch": 3}, [])
+    assert commits.checks == 0
+    commit.on_step(4, 1)
+    commit.on_step(4, 2)
+    assert commits.checks == 1

@@ -167,17 +167,23 @@ def _hvd():
 class ElasticCommit(Callback):
     """The commit of an elastic job, on every worker: a checkpoint every ``every`` steps
     (0: none inside an epoch) and at each epoch's end (``checkpointer``'s own), then a
-    check of the hosts, which raises HostsUpdatedInterrupt on every worker alike."""
+    check of the hosts, which raises HostsUpdatedInterrupt on every worker alike. An
+    epoch end's check waits for the next epoch's first step: after the last epoch (or an
+    early stop) a change of hosts has nothing left to change, and a reset there lost the
+    run's final files (its net.params, written after the epoch's callbacks)."""
 
     def __init__(self, commits, checkpointer, history, every, batches):
         self.commits, self.checkpointer, self.history = commits, checkpointer, history
-        self.every, self.batches = every, batches
+        self.every, self.batches, self._epoch_ended = every, batches, False
 
     def on_step(self, epoch, batch):
+        if self._epoch_ended:
+            self._epoch_ended = False
+            self.commits.check_host_updates()
         if self.every and batch % self.every == 0 and batch < self.batches \
                 and not self.checkpointer.dp.pending_batches:
             self.checkpointer.save(epoch, batch, self.history)
             self.commits.check_host_updates()
 
     def on_epoch_end(self, record, history):
-        self.commits.check_host_updates()
+        self._epoch_ended = True
