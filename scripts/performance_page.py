@@ -27,7 +27,20 @@ def run_bench(flags, out, report="bench.json"):
     if proc.returncode:
         raise SystemExit(f"performance_page: the benchmark failed: {proc.stderr.strip().splitlines()[-1:]}")
     with open(os.path.join(out, report)) as f:
-        return " ".join(["gluon-gpu-bench"] + flags), json.load(f), proc.stdout
+        measured = json.load(f)
+    busy = busy_rows(measured)
+    if busy:
+        raise SystemExit(f"performance_page: {', '.join(busy)} ran beside other work (bench marks it): a page is made "
+                         "only from a quiet invocation; run it again when the machine is quiet (see `uptime`)")
+    return " ".join(["gluon-gpu-bench"] + flags), measured, proc.stdout
+
+
+def busy_rows(report):
+    """The names of a bench report's rows that ran beside other work, wherever they stand."""
+    if isinstance(report, dict):
+        return ([report.get("name", "a row")] if report.get("busy") else []) + \
+            [n for value in report.values() for n in busy_rows(value)]
+    return [n for value in report for n in busy_rows(value)] if isinstance(report, list) else []
 
 
 def commit():

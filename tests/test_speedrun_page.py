@@ -27,3 +27,13 @@ def test_the_seeds_table_and_the_headline_say_what_was_measured():
     assert "**400 s**; PyTorch standard recipe, bfloat16 autocast 900 s (2.25x ours)" in said
     said = speedrun_page.headline(report(False), {**seeds, "count": 2}, MACHINE)
     assert "not within its 10 epochs; PyTorch standard recipe, bfloat16 autocast 900 s (" in said
+
+
+def test_a_page_is_made_from_no_report_with_a_busy_row():
+    """bench marks a row that ran beside other work; the page scripts refuse such a report."""
+    from performance_page import busy_rows
+    quiet = report(True)
+    assert busy_rows(quiet) == []
+    quiet["results"][1]["busy"] = True
+    assert busy_rows(quiet) == ["PyTorch standard recipe, bfloat16 autocast"]
+    assert busy_rows({"results": [], "tutorial": {"name": "cpu", "busy": True}, "pytorch": None}) == ["cpu"]

@@ -177,6 +177,9 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                             type=non_negative_int, metavar="N")
     monitor: str = _flag("auto", "the validation figure best.params and --early-stop follow (auto: val-acc "
                          "when classifying, val-mse when regressing)", choices=MONITORS)
+    val_every: int = _flag(1, "validate every N epochs and always after the last one: the epochs between have no "
+                           "validation figures (best.params judges the validated ones), and cost no validation time",
+                           True, type=positive_int, metavar="N")
     early_stop: Optional[int] = _flag(None, "stop when --monitor has not improved for PATIENCE epochs", True,
                                       type=positive_int, metavar="PATIENCE")
     log_steps: bool = _flag(False, "metrics.csv (and TensorBoard) also get a row every --log-interval "
@@ -209,7 +212,8 @@ GROUPS = {"data": ("dataset", "data_dir", "image_size", "task", "limit", "val_li
           "precision": ("dtype", "amp", "bfloat16_kernels"),
           "ensembles and sweeps": ("ensemble", "ensemble_layout", "sweep", "sweep_random", "prune", "prune_warmup"),
           "speed": ("pipeline", "loader_workers", "fused_conv", "omp_threads", "engine_threads"),
-          "checkpoints": ("out", "save_period", "keep", "commit_steps", "max_resets", "monitor", "early_stop"),
+          "checkpoints": ("out", "save_period", "keep", "commit_steps", "max_resets", "monitor", "val_every",
+                          "early_stop"),
           "logging": ("log_interval", "log_steps", "profile", "tensorboard", "quiet")}
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
 ALL_FLAGS = tuple(f.name for f in fields(RunConfig))
@@ -219,6 +223,20 @@ COMMON_FLAGS = ("devices", "fused_conv", "omp_threads", "engine_threads", "batch
 
 def flag_name(name):
     return "--" + name.replace("_", "-")
+
+
+def as_argv(config):
+    """The train flags that make ``config``: one for each value off its default."""
+    argv = []
+    for f in fields(RunConfig):
+        value = getattr(config, f.name)
+        if value == f.default:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag_name(f.name) if value else "--no-" + flag_name(f.name)[2:])
+        else:
+            argv += [flag_name(f.name), f"{value:g}" if isinstance(value, float) else str(value)]
+    return argv
 
 
 def add_flags(parser, names=ALL_FLAGS, many=(), defaults=None):

@@ -67,8 +67,12 @@ def apply_recipe(config, given):
         return config
     if config.recipe not in RECIPES:
         raise UserError(f"unknown `recipe` {config.recipe!r}: choose one of {', '.join(RECIPES)}, or list")
-    return replace(config, **{name: _resolved(value) for name, value in RECIPES[config.recipe].flags.items()
-                              if name not in given})
+    config = replace(config, **{name: _resolved(value) for name, value in RECIPES[config.recipe].flags.items()
+                                if name not in given})
+    if "warmup_epochs" not in given and config.warmup_epochs >= config.epochs:
+        # a short try of a recipe (--epochs 1) keeps an epoch after the warm-up: the plan line says so
+        config = replace(config, warmup_epochs=config.epochs - 1)
+    return config
 
 
 def spelled(config):

@@ -28,7 +28,6 @@ from ..models.sync_bn import use_sync_batchnorm
 from ..models.zoo import check_model_name, model_for
 from .cli import MAX_SEED, check_batch
 from .config import RunConfig
-from .recipes import RECIPES
 from .sweep import check_sweep, member_configs, per_member
 
 
@@ -109,6 +108,10 @@ def _check_config(config, ctx, model):
         raise UserError("`ema` does not apply to an `ensemble` or a `sweep` yet")
     if config.tta and members > 1:
         raise UserError("`tta` validates one network, not an `ensemble` or a `sweep`")
+    judges = [flag for flag, on in (("early_stop", config.early_stop), ("prune", config.prune != "off")) if on]
+    if config.val_every > 1 and judges:
+        raise UserError(f"`val_every` {config.val_every}: `{judges[0]}` judges every epoch's validation; validate "
+                        "every epoch (`val_every` 1) to use it")
     return sweep
 
 
@@ -296,10 +299,8 @@ def lr_scheduler(config, iters_per_epoch):
     remaining epochs (step decays at the absolute ``--lr-decay-epoch``), as GluonCV's
     training scripts compose them with ``LRSequential``. None: a constant rate."""
     warmup = config.warmup_epochs
-    if warmup and warmup >= config.epochs:
-        source = (f" (recipe {config.recipe}'s)" if config.recipe in RECIPES
-                  and RECIPES[config.recipe].flags.get("warmup_epochs") == warmup else "")
-        raise UserError(f"`warmup_epochs` {warmup}{source} leaves no epoch of training after it (`epochs` "
+    if warmup and warmup >= config.epochs:  # typed: a recipe's own warm-up leaves an epoch (recipes.apply_recipe)
+        raise UserError(f"`warmup_epochs` {warmup} leaves no epoch of training after it (`epochs` "
                         f"{config.epochs}): give more `epochs`, or `warmup_epochs` 0")
     if warmup and warmup * iters_per_epoch < 2:
         raise UserError(f"`warmup_epochs` {warmup} is {warmup * iters_per_epoch} update: warmup needs 2 or more")

@@ -265,7 +265,7 @@ def _fit(config, out, run, start, callbacks, keepers, stop, progress, say, monit
     history, chief, (checkpointer, last_good) = start.history, run.dp.rank == 0, keepers[:2]
     try:
         fit(run.dp, run.train, run.val, config.epochs, callbacks + keepers,
-            start.epoch, start.batch, config.log_interval, progress, history, stop, start.seconds)
+            start.epoch, start.batch, config.log_interval, progress, history, stop, start.seconds, config.val_every)
     except Interrupted as e:
         where = checkpointer.save(e.epoch, e.batch, history, e.seconds)
         if e.cause is not None:  # a dead loader worker: _train says where to resume from

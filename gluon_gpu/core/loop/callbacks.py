@@ -154,9 +154,9 @@ def plot_curves(history, path):
                     values = [float("nan") if v is None else v for v in values]  # a member stopped
                     ax.plot(epochs, values, color=color, alpha=0.25, linewidth=1,
                             label=f"members ({split})" if k == 0 else None)
-            values = [r.get(key) for r in history]
-            if all(v is not None for v in values):
-                ax.plot(epochs, values, marker="o", color=color,
+            shown = [(e, r[key]) for e, r in zip(epochs, history) if r.get(key) is not None]  # --val-every: some
+            if shown:
+                ax.plot(*zip(*shown), marker="o", color=color,
                         label=("validation" if split == "val" else "train") + (" (ensemble)" if all(members) else ""))
         ax.set_xlabel("epoch")
         ax.set_ylabel(name)

@@ -40,7 +40,7 @@ class WeightAverage(Callback):
             nd.elemwise_add(average * self.decay, legacy(p.data(first)) * (1 - self.decay), out=average)
 
     def on_epoch_end(self, record, history):
-        if self.val is not None:
+        if self.val is not None and record.get("validated", True):
             with self.swapped_in():
                 record.update({"ema_" + name: value for name, value in validate(self.dp, self.val).items()})
 

@@ -147,8 +147,9 @@ def epoch_record(epoch, train, val, lr):
 
 
 def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, start_batch=0,
-        log_interval=50, progress=False, history=None, stop=None, seconds_before=0.0):
-    """Train from ``(start_epoch, start_batch)`` to ``epochs`` and validate after each epoch.
+        log_interval=50, progress=False, history=None, stop=None, seconds_before=0.0, val_every=1):
+    """Train from ``(start_epoch, start_batch)`` to ``epochs`` and validate after every
+    ``val_every``-th epoch and the last (a record without validation has no ``val_`` figures).
 
     ``callbacks``: callbacks.Callback objects; the caller ends the run with their
     ``on_train_end``. One with a true ``stop_requested`` (early stopping) ends the loop
@@ -163,7 +164,8 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
         first = epoch == start_epoch
         train = train_epoch(dp, train_pipeline, epoch, log_interval, progress, start_batch if first else 0, stop,
                             seconds_before if first else 0.0, callbacks)
-        history.append(_end_epoch(dp, val_pipeline, epoch, train))
+        validated = (epoch + 1) % val_every == 0 or epoch + 1 == epochs
+        history.append(_end_epoch(dp, val_pipeline if validated else None, epoch, train))
         for cb in callbacks:
             cb.on_epoch_end(history[-1], history)
         dp.agree_stopped_members()  # the members rank 0's callbacks pruned stop on every worker
@@ -175,13 +177,13 @@ def fit(dp, train_pipeline, val_pipeline, epochs, callbacks=(), start_epoch=0, s
 
 
 def _end_epoch(dp, val_pipeline, epoch, train):
-    """Validate (rank 0) and check the epoch; its record."""
+    """Validate (rank 0; ``val_pipeline`` None: not this epoch) and check the epoch; its record."""
     dp.share_members()  # every member from the worker that trains it, for rank 0 to validate and save
-    val = validate(dp, val_pipeline) if dp.rank == 0 else {}
+    val = validate(dp, val_pipeline) if dp.rank == 0 and val_pipeline is not None else {}
     wrong = _diverged(dp.head, {"train_loss": train["loss"], **val})  # the train loss: over all workers
     if dp.any_worker(wrong is not None):
         raise DivergedError(f"{wrong or 'the validation figures diverged'} in epoch {epoch + 1}")
-    record = epoch_record(epoch, train, val, dp.trainer.learning_rate)
+    record = {**epoch_record(epoch, train, val, dp.trainer.learning_rate), "validated": val_pipeline is not None}
     if dp.num_workers > 1:
         record["workers"] = dp.num_workers
     return record

@@ -7,6 +7,7 @@ import threading
 
 from ...core.platform.errors import DeadlineError, UserError
 
+STOP_GRACE_SECONDS = 60  # a child asked to stop has this long to do it before it is killed
 TIMEOUT_SECONDS = 3 * 3600  # bench --timeout's default: far above the longest row (PyTorch's float32 loop)
 
 
@@ -21,7 +22,8 @@ def run(cmd, what, seconds, **kwargs):
 
 def lines(cmd, what, seconds):
     """The stdout lines of ``cmd`` as they come; UserError naming ``what`` with its last
-    line if it fails; DeadlineError past ``seconds`` (0: no deadline)."""
+    line if it fails; DeadlineError past ``seconds`` (0: no deadline). Closed before the
+    child's end (the caller has what it wanted), the child is stopped."""
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except OSError as e:
@@ -38,6 +40,9 @@ def lines(cmd, what, seconds):
         try:
             yield from proc.stdout
             errors = proc.stderr.read()
+        except GeneratorExit:  # the caller has what it wanted: the child is asked to stop, then made to
+            stop(proc)
+            raise
         finally:
             if timer:
                 timer.cancel()
@@ -45,6 +50,16 @@ def lines(cmd, what, seconds):
         raise DeadlineError(_overran(what, seconds))
     if proc.returncode:
         raise UserError(f"{what}: {last_words(errors, proc.returncode)}")
+
+
+def stop(proc, grace=STOP_GRACE_SECONDS):
+    """End ``proc``: SIGTERM (a training child checkpoints and exits), SIGKILL past ``grace``."""
+    proc.terminate()
+    try:
+        proc.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
 
 
 def last_words(stderr, returncode):

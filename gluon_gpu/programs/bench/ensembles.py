@@ -17,6 +17,7 @@ ensemble bench, rows tagged ``w<workers>``. Writes a table,
 layout).
 """
 import itertools
+import math
 import os
 import tempfile
 from typing import NamedTuple
@@ -31,7 +32,8 @@ from ...data import load_dataset
 from ...models.init import ensemble_engine_workers, ensemble_layout
 from ...models.zoo import model_for
 from ..cli import progress_enabled
-from .timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours
+from .timing import (SHARE, TIMES, figure, machine_info, marked, peak_rss_mib, quiet, share_remarks, summarize,
+                     text_table, time_ours)
 from .variants import child_report, run_children
 
 
@@ -69,7 +71,7 @@ def time_single(args, parser, bar, data):
     spec = args.devices[0]
     if parse_devices(spec)[0].device_type != "cpu" or thread_settings()["engine_threads"] == 1:
         runs, info = time_ours(args, spec, bar, data)
-        return summarize(f"{spec} K=1", runs, info["samples"], info["devices"])
+        return summarize(f"{spec} K=1", runs, info["samples"], info["devices"], info["share"])
     with tempfile.TemporaryDirectory(dir=process_temp_dir()) as out:
         report = child_report(parser, args, "K=1", devices=[spec], ensemble=None, engine_threads=[1],
                               baseline="none", out=out, quiet=True)
@@ -104,18 +106,19 @@ def bench_ensembles(args, parser, bar, data, runs):
             else:
                 timed, info = time_ours(args, spec, bar, data, members=k, layout=resolved)
                 row = summarize(f"{spec} K={k} {resolved}" + (" (auto)" if asked == "auto" else ""), timed,
-                                info["samples"], info["devices"])
-            single = single["median_epoch_s"]
+                                info["samples"], info["devices"], info["share"])
+            seconds = single["median_epoch_s"]
             row.setdefault("engine_threads", thread_settings()["engine_threads"])
             row.update(spec=spec, layout=resolved, auto=asked == "auto", members=k, model=model,
-                       member_samples_per_s=row["samples_per_s"] * k, one_epoch_s=single, one_by_one_epoch_s=k * single,
-                       speedup_vs_one_by_one=k * single / row["median_epoch_s"])
+                       member_samples_per_s=row["samples_per_s"] * k, one_epoch_s=seconds, one_by_one_epoch_s=k * seconds)
+            if quiet(row, single):
+                row["speedup_vs_one_by_one"] = k * seconds / row["median_epoch_s"]
             rows.append(row)
     return rows
 
 
 def format_ensemble_table(rows):
-    columns = [("ensemble", 38, lambda r: r["name"]), *TIMES,
+    columns = [("ensemble", 38, marked("name")), *TIMES, *SHARE,
                ("member-samples/s", 18, figure("member_samples_per_s", ".0f")),
                ("vs one by one", 15, figure("speedup_vs_one_by_one", ".2f", "x"))]
     return text_table(columns, rows, f"{rows[0]['model']}: K members against K x the K=1 epoch on {rows[0]['spec']} "
@@ -129,7 +132,7 @@ def plot_ensembles(rows, path):
         if r["members"] > 1:
             lines.setdefault(" ".join(filter(None, (r["spec"], r["layout"], r.get("variant")))), []).append(r)
     for label, same in lines.items():
-        ax.plot([1] + [r["members"] for r in same], [1.0] + [r["speedup_vs_one_by_one"] for r in same],
+        ax.plot([1] + [r["members"] for r in same], [1.0] + [r.get("speedup_vs_one_by_one", math.nan) for r in same],
                 marker="o", label=label)
     ks = sorted({r["members"] for r in rows})
     ax.axhline(1.0, color="grey", linestyle=":", label="K members one after another")
@@ -146,6 +149,7 @@ def plot_ensembles(rows, path):
 def report_ensembles(args, rows):
     rss = max(peak_rss_mib())  # this process or its largest child bench
     print(format_ensemble_table(rows))
+    print("\n".join(share_remarks(rows)))
     print(f"peak RSS: {rss:.0f} MiB")
     write_json(os.path.join(args.out, "bench.json"),
                {"config": vars(args), "machine": machine_info(), "ensembles": rows, "peak_rss_mib": rss})

@@ -26,6 +26,7 @@ from mxnet import nd
 from tqdm import tqdm
 
 from ...core.loop.callbacks import save_figure, subplots
+from ...core.platform.cpu_time import CpuMeter
 from ...core.platform.devices import cpu_contexts, gpu_count, parse_devices, require_thread_settings, thread_settings
 from ...core.platform.errors import UserError
 from ...core.platform.files import write_json
@@ -39,8 +40,8 @@ from ..cli import Parser, main_guard, non_negative_int, positive_int, progress_e
 from ..config import COMMON_FLAGS, add_flags
 from ..train import check_writable
 from . import accuracy, children, ensembles, inference, sweep, torch_train, variants
-from .timing import (TIMES, TORCH_FACTS, figure, machine_info, peak_rss_mib, scaling_config, summarize, text_table,
-                     time_ours, time_pytorch, time_tutorial)
+from .timing import (SHARE, TIMES, TORCH_FACTS, figure, machine_info, marked, peak_rss_mib, quiet, scaling_config,
+                     share_remarks, summarize, text_table, time_ours, time_pytorch, time_tutorial)
 
 
 def build_parser():
@@ -137,7 +138,7 @@ def concurrent_contexts(ctx):
 
 
 def format_table(rows, tutorial, pytorch=None):
-    columns = [("devices", 16, lambda r: r["name"]), *TIMES,
+    columns = [("devices", 18, marked("name")), *TIMES, *SHARE,
                ("samples/s", 11, figure("samples_per_s", ".0f")), ("speedup", 9, figure("speedup", ".2f", "x")),
                ("eff.", 7, figure("efficiency", ".0%")), ("exchange", 10, figure("exchange_share", ".1%")),
                ("cores busy", 12, figure("cores_busy", ".2f")), ("vs tutorial", 13, figure("vs_tutorial", ".2f", "x"))]
@@ -161,7 +162,7 @@ def plot(rows, tutorial, path, pytorch=None):
     ax_speed.set_ylabel("samples/s (median epoch)")
     ax_speed.set_title("throughput")
     for number, mode in enumerate(dict.fromkeys(r["fused_conv_mode"] for r in rows)):
-        same = [r for r in rows if r["fused_conv_mode"] == mode]
+        same = [r for r in rows if r["fused_conv_mode"] == mode and "efficiency" in r]  # a busy row has none
         ax_eff.plot([r["devices"] for r in same], [r["efficiency"] for r in same], marker="o",
                     color=f"C{number}", label=f"--fused-conv {mode}")
         alone = [(r["devices"], r["efficiency"] * r["median_epoch_s"] / r["no_exchange_epoch_s"])
@@ -235,18 +236,21 @@ def run_workers(args):
     jobs = [(0, None)] + [(w, kv) for kv in kvstores for w in sorted(set(args.workers))]
     with tqdm(total=len(jobs), desc="bench", unit="job", disable=not progress_enabled(args)) as bar:
         for w, kv in jobs:
-            run = time_job(args, w, tempfile.mkdtemp(prefix=f"job-{w}-workers-", dir=args.out), kv or "dist_sync")
+            with CpuMeter() as meter:
+                run = time_job(args, w, tempfile.mkdtemp(prefix=f"job-{w}-workers-", dir=args.out), kv or "dist_sync")
             samples = args.limit or 60000
             name = "1 process" if w == 0 else f"{w} worker{'s' if w > 1 else ''} {kv}"
-            rows.append({**summarize(name, [run], samples, len(parse_devices(args.devices[0]))), "workers": w,
-                         "kvstore": kv or "local"})
+            rows.append({**summarize(name, [run], samples, len(parse_devices(args.devices[0])), meter.share),
+                         "workers": w, "kvstore": kv or "local"})
             bar.update(1)
     for r in rows:
-        r["overhead_ratio"] = r["median_epoch_s"] / rows[0]["median_epoch_s"]
-    columns = [("job", 22, lambda r: r["name"]), *TIMES, ("samples/s", 11, figure("samples_per_s", ".0f")),
+        if quiet(r, rows[0]):
+            r["overhead_ratio"] = r["median_epoch_s"] / rows[0]["median_epoch_s"]
+    columns = [("job", 24, marked("name")), *TIMES, *SHARE, ("samples/s", 11, figure("samples_per_s", ".0f")),
                ("time vs 1 process", 20, figure("overhead_ratio", ".2f", "x"))]
     print(text_table(columns, rows, f"distributed jobs ({', '.join(kvstores)}) on {args.devices[0]} per worker, "
                                     f"global batch {args.batch_size}"))
+    print("\n".join(share_remarks(rows)))
     write_json(os.path.join(args.out, "bench.json"),
                {"config": vars(args), "machine": machine_info(), "workers": rows})
     print(f"wrote {args.out}/bench.json")
@@ -311,14 +315,18 @@ def run_scaling(args, data):
                     runs, info = time_ours(args, spec, bar, data, fused_conv=mode, augment=augment)
                     name = spec if len(modes) == 1 else f"{spec} {'fused' if info['fused_conv'] else 'unfused'}"
                     name += f" {augment}" if len(augments) > 1 else ""
-                    rows.append({**summarize(name, runs, info["samples"], info["devices"]), "spec": spec,
-                                 "fused_conv_mode": mode, "fused_conv": info["fused_conv"], "augment": augment})
+                    rows.append({**summarize(name, runs, info["samples"], info["devices"], info["share"]),
+                                 "spec": spec, "fused_conv_mode": mode, "fused_conv": info["fused_conv"],
+                                 "augment": augment})
+        devices = len(parse_devices(args.devices[0]))
         if args.baseline == "tutorial":
-            tutorial = summarize(args.devices[0], time_tutorial(args, data.decoded(), bar), len(data.train_x),
-                                 len(parse_devices(args.devices[0])))
+            with CpuMeter() as meter:
+                runs = time_tutorial(args, data.decoded(), bar)
+            tutorial = summarize(args.devices[0], runs, len(data.train_x), devices, meter.share)
         if args.torch_python:
-            runs = time_pytorch(args, torch_config, data.decoded(), bar)
-            pytorch = {**summarize(args.devices[0], runs, len(data.train_x), len(parse_devices(args.devices[0]))),
+            with CpuMeter() as meter:
+                runs = time_pytorch(args, torch_config, data.decoded(), bar)
+            pytorch = {**summarize(args.devices[0], runs, len(data.train_x), devices, meter.share),
                        **{key: runs[0][key] for key in TORCH_FACTS}}
     _compare(rows, tutorial, pytorch)
     floor = _compute_floor(args, data, rows)
@@ -351,12 +359,14 @@ def _compare(rows, tutorial, pytorch=None):
     for r in rows:
         base = next(b for b in rows if (b["fused_conv_mode"], b["augment"]) == (r["fused_conv_mode"], r["augment"]))
         plain = next(b for b in rows if (b["fused_conv_mode"], b["spec"]) == (r["fused_conv_mode"], r["spec"]))
-        r["augment_cost"] = r["median_epoch_s"] / plain["median_epoch_s"] - 1  # against the first --augment
-        r["speedup"] = base["median_epoch_s"] / r["median_epoch_s"]
-        r["efficiency"] = r["speedup"] / (r["devices"] / base["devices"])
-        if tutorial:
+        if quiet(r, plain):
+            r["augment_cost"] = r["median_epoch_s"] / plain["median_epoch_s"] - 1  # against the first --augment
+        if quiet(r, base):
+            r["speedup"] = base["median_epoch_s"] / r["median_epoch_s"]
+            r["efficiency"] = r["speedup"] / (r["devices"] / base["devices"])
+        if tutorial and quiet(r, tutorial):
             r["vs_tutorial"] = tutorial["median_epoch_s"] / r["median_epoch_s"]
-        if pytorch:
+        if pytorch and quiet(r, pytorch):
             r["vs_pytorch"] = pytorch["median_epoch_s"] / r["median_epoch_s"]
 
 
@@ -378,6 +388,7 @@ def _compute_floor(args, data, rows):
 def _print_scaling(rows, tutorial, floor, augments, pytorch=None):
     threads = thread_settings()
     print(format_table(rows, tutorial, pytorch))
+    print("\n".join(share_remarks([*rows, tutorial, pytorch])))
     if pytorch:
         print(f"PyTorch: {pytorch['torch']} eager, float32, its default threads ({pytorch['threads']}), the same "
               "network, batch, optimizer and data; its epoch is the training steps alone, as ours")
@@ -392,5 +403,6 @@ def _print_scaling(rows, tutorial, floor, augments, pytorch=None):
           + ", ".join(f"{r['name']} reaches {r['of_floor']:.0%} of its floor ({r['floor_s']:.2f} s)" for r in rows))
     if len(augments) > 1:
         print("augmentation: median epoch against the same spec with --augment " + augments[0] + ": "
-              + ", ".join(f"{r['name']} {r['augment_cost']:+.1%}" for r in rows if r["augment"] != augments[0]))
+              + ", ".join(f"{r['name']} " + (format(r["augment_cost"], "+.1%") if "augment_cost" in r else "-")
+                          for r in rows if r["augment"] != augments[0]))
 

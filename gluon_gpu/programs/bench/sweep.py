@@ -22,7 +22,8 @@ from ...models.zoo import model_for
 from ..cli import progress_enabled
 from ..config import SWEEPABLE, RunConfig
 from ..sweep import member_configs, member_label, varied
-from .timing import TIMES, figure, machine_info, peak_rss_mib, summarize, text_table, time_ours
+from .timing import (SHARE, TIMES, figure, machine_info, marked, peak_rss_mib, quiet, share_remarks, summarize,
+                     text_table, time_ours)
 
 
 def run_sweep(args):
@@ -37,27 +38,30 @@ def run_sweep(args):
               disable=not progress_enabled(args)) as bar:
         for member, label in zip(members, labels):
             runs, info = time_ours(args, one, bar, data, **{n: getattr(member, n) for n in SWEEPABLE})
-            rows.append({**summarize(f"{one} {label}", runs, info["samples"], 1), "kind": "alone"})
+            rows.append({**summarize(f"{one} {label}", runs, info["samples"], 1, info["share"]), "kind": "alone"})
         alone = sum(r["median_epoch_s"] for r in rows)
         for spec in args.devices:
             layout = ensemble_layout("auto", model, parse_devices(spec))
             runs, info = time_ours(args, spec, bar, data, members=len(members), ensemble=1, sweep=args.sweep,
                                    sweep_random=args.sweep_random)
-            row = summarize(f"{spec} sweep of {len(members)} ({layout})", runs, info["samples"], info["devices"])
+            row = summarize(f"{spec} sweep of {len(members)} ({layout})", runs, info["samples"], info["devices"],
+                            info["share"])
             rows.append({**row, "kind": "sweep", "spec": spec, "layout": layout,
-                         "member_samples_per_s": row["samples_per_s"] * len(members),
-                         "vs_one_after_another": alone / row["median_epoch_s"]})
+                         "member_samples_per_s": row["samples_per_s"] * len(members)})
+            if quiet(row, *rows):
+                rows[-1]["vs_one_after_another"] = alone / row["median_epoch_s"]
     for row in rows:
         row.setdefault("member_samples_per_s", row["samples_per_s"])
     return report(args, rows, model, len(members), one, alone)
 
 
 def report(args, rows, model, k, one, alone):
-    columns = [("job", 44, lambda r: r["name"]), *TIMES,
+    columns = [("job", 44, marked("name")), *TIMES, *SHARE,
                ("member-samples/s", 18, figure("member_samples_per_s", ".0f")),
                ("vs one after another", 22, figure("vs_one_after_another", ".2f", "x"))]
     print(text_table(columns, rows, f"{model}: a sweep of {k} configurations as one job against the {k} trained one "
                                     f"after another on {one} ({alone:.2f} s an epoch in all)"))
+    print("\n".join(share_remarks(rows)))
     rss = max(peak_rss_mib())
     print(f"peak RSS: {rss:.0f} MiB")
     write_json(os.path.join(args.out, "bench.json"), {"config": vars(args), "machine": machine_info(), "sweep": rows,
@@ -76,7 +80,8 @@ def plot(rows, k, one, path):
     speeds = [one_by_one] + [r["member_samples_per_s"] for r in sweeps]
     fig, ax = subplots(figsize=(7, 4.5))
     bars = ax.bar(names, speeds, color=["C7"] + ["C0"] * len(sweeps))
-    ax.bar_label(bars, labels=["1.00x"] + [f"{r['vs_one_after_another']:.2f}x" for r in sweeps])
+    ax.bar_label(bars, labels=["1.00x"] + [f"{r['vs_one_after_another']:.2f}x" if "vs_one_after_another" in r
+                                           else "busy" for r in sweeps])
     ax.set_ylabel("member-samples/s (median epoch)")
     ax.set_title(f"a sweep of {k} as one job")
     save_figure(fig, path)

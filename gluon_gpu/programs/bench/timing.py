@@ -13,6 +13,7 @@ import time
 import mxnet as mx
 
 from ...core.loop.fit import train_epoch
+from ...core.platform.cpu_time import BUSY_LIMIT, CpuMeter
 from ...core.platform.devices import gpu_count, parse_devices, thread_settings
 from ...core.platform.environment import bfloat16_isa, cpu_model
 from ...core.platform.environment import usable_cpus
@@ -44,6 +45,13 @@ def time_ours(args, spec, bar, data, members=1, fused_conv=None, layout="auto", 
     ``flags``: other RunConfig values (a sweep's, or one of its configurations)."""
     ctx = parse_devices(spec)
     config = scaling_config(args, spec, members, fused_conv, layout, augment, **flags)
+    with CpuMeter() as meter:
+        runs, dp, samples = _timed_runs(args, config, ctx, bar, data, members)
+    return runs, {"devices": len(ctx), "samples": samples, "fused_conv": is_fused(dp.net), "share": meter.share}
+
+
+def _timed_runs(args, config, ctx, bar, data, members):
+    """``--repeats`` runs of ``--epochs`` timed epochs of ``config``."""
     runs = []
     for _ in range(args.repeats):
         run = build_run(config, ctx, data=data)
@@ -64,7 +72,7 @@ def time_ours(args, spec, bar, data, members=1, fused_conv=None, layout="auto", 
             bar.update(1)
         runs.append({"seconds": seconds, "cpu_seconds": cpu_seconds, "no_exchange_seconds": alone_seconds,
                      "loss": losses, "val_acc": dp.evaluate(run.val.epoch(0))["acc"]})
-    return runs, {"devices": len(ctx), "samples": train_pipe.n, "fused_conv": is_fused(dp.net)}
+    return runs, dp, train_pipe.n
 
 
 def time_tutorial(args, data, bar):
@@ -105,13 +113,15 @@ def time_pytorch(args, config, data, bar):
     return runs
 
 
-def summarize(name, runs, samples, devices):
+def summarize(name, runs, samples, devices, share):
+    """A table's row of ``runs`` (their epoch seconds), with what they had of the machine
+    (``share``: a CpuShare)."""
     first = [r["seconds"][0] for r in runs]
     rest = [s for r in runs for s in r["seconds"][1:]] or first
     median = statistics.median(rest)
     row = {"name": name, "devices": devices, "first_epoch_s": statistics.median(first),
            "median_epoch_s": median, "epochs_timed": len(rest), "samples_per_s": samples / median,
-           "val_acc": statistics.median(r["val_acc"] for r in runs), "runs": runs}
+           "val_acc": statistics.median(r["val_acc"] for r in runs), "runs": runs, **share.as_dict()}
     if all("cpu_seconds" in r for r in runs):  # this process's CPU time / wall time: cores kept busy
         timed = [(c, s) for r in runs for c, s in zip(r["cpu_seconds"][1:] or r["cpu_seconds"],
                                                        r["seconds"][1:] or r["seconds"])]
@@ -162,6 +172,28 @@ def figure(key, fmt, suffix=""):
 
 
 TIMES = [("first s", 9, figure("first_epoch_s", ".2f")), ("median s", 10, figure("median_epoch_s", ".2f"))]
+# What each row had of the machine (cpu_time.py): a row marked busy is quoted in no ratio.
+SHARE = [("CPU share", 10, figure("cpu_share", ".2f")), ("others", 8, figure("others", ".2f"))]
+
+
+def marked(key):
+    """A row's name cell, with ``*`` where it ran beside other work."""
+    return lambda row: row[key] + " *" * bool(row.get("busy"))
+
+
+def quiet(*rows):
+    """None of ``rows`` ran beside other work: a ratio of their times is a result."""
+    return not any(r and r.get("busy") for r in rows)
+
+
+def share_remarks(rows):
+    """The lines under a table that say what its CPU columns mean and what ``*`` marks."""
+    lines = ["CPU share: the row's processes' CPU time over its wall time x the machine's CPUs; others: what "
+             "everything else took of the machine meanwhile"]
+    if not quiet(*rows):
+        lines.append(f"* ran beside other work (others above {BUSY_LIMIT:.2f}): its times are no result and no "
+                     "ratio quotes them; run the same command again on a quiet machine (see `uptime`)")
+    return lines
 
 
 def text_table(columns, rows, title=None):

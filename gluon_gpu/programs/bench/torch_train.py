@@ -11,8 +11,9 @@ images as gluon_gpu keeps them) and the normalization (``mean``, ``std``, ``scal
 CONFIG.json: the run's configuration (recipe applied). ``bfloat16``: the step under
 ``torch.autocast("cpu", dtype=torch.bfloat16)``. Prints one JSON line per epoch,
 ``{"seconds", "train_seconds", "val_acc", "torch", "threads", "parameters"}`` (seconds
-since the start, training and validation; the epoch's training alone; PyTorch's version
-and threads; the network's parameter count), until the validation accuracy reaches TARGET
+since the start, training and validation; the epoch's training alone; the accuracy, null
+for an epoch the configuration's ``val_every`` leaves unvalidated; PyTorch's version and
+threads; the network's parameter count), until the validation accuracy reaches TARGET
 (``none``: every epoch) or the last epoch. Imports nothing of gluon_gpu or MXNet when
 run so; a configuration it cannot follow is one line on stderr, exit 2.
 """
@@ -159,9 +160,25 @@ class Trainer:
         self.optimizer = torch.optim.SGD([{"params": rest, "weight_decay": config.get("wd", 0.0)},
                                           {"params": flat, "weight_decay": 0.0}], lr=config["lr"],
                                          momentum=config.get("momentum", 0.0), nesterov=config.get("optimizer") == "nag")
+        self.decays = [group["weight_decay"] for group in self.optimizer.param_groups]
         self.loss = nn.CrossEntropyLoss(label_smoothing=config.get("label_smoothing", 0.0))
         self.chosen, self.batch = parse_augment(config.get("augment") or ""), config["batch_size"]
         self.steps, self.step = math.ceil(len(self.train_x) / self.batch), 0
+
+    def update(self, rate):
+        """One optimizer step at learning rate ``rate``. MXNet's sgd and nag keep the rate
+        inside their momentum (``mom = m * mom - lr * (grad + wd * w)``), PyTorch's outside
+        (``buf = m * buf + grad + wd * w``, ``w -= lr * buf``): the same recipe's changing
+        rate trains differently (PyTorch's rule killed every ReLU of the LeNet recipe's
+        warm-up to 0.2). So PyTorch steps at rate 1 on gradients and decay scaled by
+        ``rate``: MXNet's update, for the rows that train our recipe. The standard recipe's
+        row (``pytorch_update``) keeps PyTorch's own rule, as its users run it."""
+        inside = not self.config.get("pytorch_update")
+        for group, wd in zip(self.optimizer.param_groups, self.decays):
+            group["lr"], group["weight_decay"] = (1.0, wd * rate) if inside else (rate, wd)
+        if inside:
+            self.torch._foreach_mul_([p.grad for p in self.net.parameters() if p.grad is not None], rate)
+        self.optimizer.step()
 
     def normalized(self, stored):
         return (self.torch.from_numpy(stored).float() * self.scale - self.mean) / self.std
@@ -173,13 +190,11 @@ class Trainer:
         for i in range(self.steps):
             rows = order[i * self.batch:(i + 1) * self.batch]
             x = augment(torch, self.normalized(self.train_x[rows]), self.chosen, self.generator)
-            for group in self.optimizer.param_groups:
-                group["lr"] = learning_rate(self.config, self.step + 1, self.steps)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
                 loss = self.loss(self.net(x), self.train_y[rows])
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            self.optimizer.step()
+            self.update(learning_rate(self.config, self.step + 1, self.steps))
             self.step += 1
 
     def accuracy(self):
@@ -225,12 +240,13 @@ def main(data_path, config_path, target, dtype):
         epoch_start = time.perf_counter()
         trainer.epoch(epoch)
         train_seconds = time.perf_counter() - epoch_start
-        accuracy = trainer.accuracy()
+        last = epoch + 1 == config["epochs"]
+        accuracy = trainer.accuracy() if last or (epoch + 1) % config.get("val_every", 1) == 0 else None
         print(json.dumps({"seconds": time.perf_counter() - start, "train_seconds": train_seconds,
                           "val_acc": accuracy, "torch": torch.__version__, "threads": torch.get_num_threads(),
                           "parameters": sum(p.numel() for p in trainer.net.parameters())}),
               flush=True)
-        if target is not None and accuracy >= target:
+        if target is not None and accuracy is not None and accuracy >= target:
             break
     return 0
 

@@ -21,7 +21,7 @@ from ...models.member_stack import ensemble_variables
 from ..config import RunConfig
 from ..sweep import member_count
 from . import children
-from .timing import TIMES, figure, text_table
+from .timing import SHARE, TIMES, figure, marked, quiet, share_remarks, text_table
 
 PROCESS_WIDE = ("dtype", "omp_threads", "engine_threads", "pipeline")
 
@@ -117,16 +117,16 @@ def run_variants(parser, args, bar):
                        peak_rss_mib=report["peak_rss_mib"], peak_worker_rss_mib=report["peak_child_rss_mib"])
             rows.append(row)
         tutorial = tutorial or report.get("tutorial")
-    first = rows[0]["median_epoch_s"]
     for row in rows:  # against the first row, and the baseline, across processes
-        row["vs_first"] = first / row["median_epoch_s"]
-        if tutorial:
+        if quiet(row, rows[0]):
+            row["vs_first"] = rows[0]["median_epoch_s"] / row["median_epoch_s"]
+        if tutorial and quiet(row, tutorial):
             row["vs_tutorial"] = tutorial["median_epoch_s"] / row["median_epoch_s"]
     return rows, tutorial
 
 
 def format_variants(rows, tutorial):
-    columns = [("run", 28, lambda r: r["name"]), *TIMES, ("samples/s", 11, figure("samples_per_s", ".0f")),
+    columns = [("run", 30, marked("name")), *TIMES, *SHARE, ("samples/s", 11, figure("samples_per_s", ".0f")),
                ("vs first", 10, figure("vs_first", ".2f", "x")), ("vs baseline", 13, figure("vs_tutorial", ".2f", "x")),
                ("val-acc", 9, figure("val_acc", ".4f")), ("peak RSS MiB", 14, figure("peak_rss_mib", ".0f")),
                ("worker RSS MiB", 16, figure("peak_worker_rss_mib", ".0f"))]
@@ -158,6 +158,7 @@ def plot_variants(rows, tutorial, path):
 def report_variants(parser, args, bar, machine):
     rows, tutorial = run_variants(parser, args, bar)
     print(format_variants(rows, tutorial))
+    print("\n".join(share_remarks([*rows, tutorial])))
     write_json(os.path.join(args.out, "bench.json"),
                {"config": vars(args), "machine": machine, "results": rows, "tutorial": tutorial})
     plot_variants(rows, tutorial, os.path.join(args.out, "variants.png"))
