@@ -118,7 +118,9 @@ def test_components_parse_with_defaults_presets_and_one_line_errors():
     for text, message in [("blur", "unknown component"), ("crop=1.5", "crop=1.5 is not valid"),
                           ("flip=2", "flip=2 is not valid"), ("rotate=x", "rotate=x is not valid"),
                           ("basic,strong", r"basic is a preset: give it alone, or spell it out among the "
-                                           r"components \(flip,crop=4\)")]:
+                                           r"components \(flip,crop=4\)"),
+                          # the last one won, and an empty value took the default (#62)
+                          ("flip=0.2,flip=0.9", "flip is given twice"), ("crop=", "crop= is not valid")]:
         with pytest.raises(UserError, match=message):
             parse_augment(text)
     with pytest.raises(UserError, match=r"applies to images \(C, H, W\)"):

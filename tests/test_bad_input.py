@@ -267,7 +267,7 @@ def test_every_whole_number_variable_is_checked_at_its_bounds():
     for name, (low, high, _) in environment.whole_numbers().items():
         for good in (low, high):
             assert environment.problem({name: str(good)}) is None, name
-        for bad in ([str(low - 1)] if low > 0 else []) + [str(high + 1), "abc", "", "2,1", "1.5"]:
+        for bad in ([str(low - 1)] if low > 0 else []) + [str(high + 1), "abc", "", "2,1", "1.5", "²", "٣", "1_0"]:
             found = environment.problem({name: bad})
             assert found.startswith(f"{name}={bad!r}: must be a whole number from {low} to {high}"), (name, bad)
 

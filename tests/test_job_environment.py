@@ -42,6 +42,12 @@ def clean_env(**changes):
     ({"HOROVOD_SIZE": "0"}, "HOROVOD_SIZE='0': must be a whole number from 1 to 4096 (Horovod's launcher"),
     ({"HOROVOD_GLOO_TIMEOUT_SECONDS": "30s"}, "HOROVOD_GLOO_TIMEOUT_SECONDS='30s': must be a whole number from 1"),
     ({"HOROVOD_CYCLE_TIME": "nan"}, "HOROVOD_CYCLE_TIME='nan': must be milliseconds above 0, at most 1000"),
+    # what a check took and its consumer (int(), C's atoi) refused: digits that are not ASCII's (#62)
+    ({"OMP_NUM_THREADS": "²"}, "OMP_NUM_THREADS='²': must be a whole number from 1 to"),
+    ({"OMP_NUM_THREADS": "٣"}, "OMP_NUM_THREADS='٣': must be a whole number from 1 to"),
+    ({"DMLC_NUM_WORKER": "1_0"}, "DMLC_NUM_WORKER='1_0': must be a whole number from 1 to 4096"),
+    ({"HOROVOD_CYCLE_TIME": "١٠"}, "HOROVOD_CYCLE_TIME='١٠': must be milliseconds above 0, at most 1000"),
+    ({"GLUON_GPU_GPU_SHARE": "٠/2"}, "GLUON_GPU_GPU_SHARE='٠/2': must be J/W"),
 ])
 def test_a_bad_job_variable_is_one_line_before_mxnet_starts(changes, message):
     done = subprocess.run(TRAIN + ["--out", "/nonexistent/never"], cwd=REPO, env=clean_env(**{**JOB, **changes}),
@@ -88,6 +94,12 @@ def test_a_worker_whose_scheduler_never_comes_gives_up_in_one_line(tmp_path):
     ({"SLURM_NTASKS": "1000000"}, "SLURM_NTASKS='1000000': must be a whole number from 1 to 32 (8 a CPU of the "
                                   "allocation's 1 node(s) of 4)"),
     ({"SLURM_RESTART_COUNT": "abc"}, "SLURM_RESTART_COUNT='abc'"),
+    ({"SLURM_NTASKS": "²"}, "SLURM_NTASKS='²': must be a whole number from 1 to"),  # a ValueError traceback before
+    ({"SLURM_NTASKS": "٢"}, "SLURM_NTASKS='٢': must be a whole number from 1 to"),
+    # a GPU count Slurm did not write ran as if the node had none, and said nothing (#62)
+    ({"SLURM_GPUS_ON_NODE": "abc"}, "SLURM_GPUS_ON_NODE='abc': must be a whole number from 0 to 4096 (the GPUs"),
+    ({"SLURM_GPUS_ON_NODE": "-1"}, "SLURM_GPUS_ON_NODE='-1'"),
+    ({"SLURM_GPUS_ON_NODE": "4(IDX:0-3)"}, "SLURM_GPUS_ON_NODE='4(IDX:0-3)'"),
     ({"SLURM_JOB_ID": "12x"}, "SLURM_JOB_ID='12x': must be Slurm's job number")])
 def test_slurm_variables_the_launcher_reads_are_checked(changes, message):
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_ON_NODE": "4", "SLURM_NTASKS": "2",

@@ -281,3 +281,22 @@ def test_every_programs_help_fits_two_screens_and_help_all_lists_every_flag(prog
     short, full = parser.format_help(), parser.format_help(full=True)
     assert len(short.splitlines()) <= 80, program
     assert [s for a in parser._actions for s in a.option_strings if s not in full] == []
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_every_flag_of_every_program_refuses_an_empty_value(program, capsys):
+    """#62, class 'input silently replaced': `--out ''` trained into runs/<timestamp>,
+    `--recipe ''` ran no recipe, without a word. An empty value is one line, exit 2, for
+    every flag that takes one (a flag that can be off is left out, or spelled none or 0)."""
+    module = importlib.import_module(f"gluon_gpu.programs.{program}" if program != "bench"
+                                     else "gluon_gpu.programs.bench.program")
+    parser = module.build_parser()
+    for action in parser._actions:
+        if not action.option_strings or action.nargs == 0:
+            continue
+        flag = action.option_strings[0]
+        with pytest.raises(SystemExit) as stopped:
+            parser.parse_args([flag, " "] if program != "launch" else [flag, " ", "--", "true"])
+        assert stopped.value.code == 2, flag
+        assert capsys.readouterr().err == f"gluon_gpu.{program}: error: {'/'.join(action.option_strings)} is empty: " \
+                                          "give a value, or leave it out (see --help)\n", flag

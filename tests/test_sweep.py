@@ -307,6 +307,7 @@ def test_a_pruned_sweep_stopped_mid_epoch_resumes_to_the_straight_run(tmp_path):
     (["--sweep", "optimizer=sgd,adam"], "--sweep cannot vary optimizer yet"),
     (["--sweep", "depth=1,2"], "--sweep: unknown hyperparameter 'depth'; a sweep varies lr, wd, momentum"),
     (["--sweep", "lr=0.1,0.2 lr=0.3"], "--sweep names lr twice"),
+    (["--sweep", "lr=0.1,1e-1"], "--sweep 'lr=0.1,1e-1': a value is given twice"),  # the same member trained twice
     (["--sweep", "lr=0.1,-1"], "--sweep lr=-1: must be a positive number"),
     (["--sweep", "lr-mode=cosine,bogus"], "--sweep lr-mode=bogus: choose from constant, step"),
     (["--sweep", "lr=1e-3:1e-1"], "--sweep lr is a range: give --sweep-random N"),

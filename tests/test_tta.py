@@ -62,7 +62,10 @@ def test_the_views_are_what_they_say():
 
 
 @pytest.mark.parametrize("text,message", [("rotate", "expected a comma list"), ("shift=0", "from 1 to 8"),
-                                          ("shift=x", "from 1 to 8"), ("flip=1", "expected a comma list")])
+                                          ("shift=x", "from 1 to 8"), ("flip=1", "expected a comma list"),
+                                          # ran as shift=1, as shift=2, as flip; int() refused '²' (#62)
+                                          ("shift=", "from 1 to 8"), ("shift=1,shift=2", "shift is given twice"),
+                                          ("flip,flip", "flip is given twice"), ("shift=²", "from 1 to 8")])
 def test_bad_tta_is_one_line(text, message):
     with pytest.raises(UserError, match=message):
         parse_tta(text)

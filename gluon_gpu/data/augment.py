@@ -53,7 +53,9 @@ def parse_augment(text):
     text = PRESETS.get((text or "").strip(), text or "")
     chosen = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
-        name, _, value = item.partition("=")
+        name, equals, value = item.partition("=")
+        if name in chosen:  # flip=0.2,flip=0.9 ran as flip=0.9
+            raise UserError(f"`augment` {text!r}: {name} is given twice")
         if name in PRESETS:
             raise UserError(f"`augment` {text!r}: {name} is a preset: give it alone, or spell it out "
                             f"among the components ({PRESETS[name] or 'none'})")
@@ -61,7 +63,7 @@ def parse_augment(text):
             raise UserError(f"`augment` {item!r}: unknown component; choose from {', '.join(COMPONENTS)}, "
                             f"or a preset: {', '.join(PRESETS)}")
         try:
-            param = float(value) if value else COMPONENTS[name].default
+            param = float(value) if equals else COMPONENTS[name].default  # an empty value (crop=) is an error
         except ValueError:
             param = None
         if param is None or not COMPONENTS[name].check(param):

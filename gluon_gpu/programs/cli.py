@@ -94,6 +94,16 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"{self.tag}: error: {message} (see --help)\n")
 
+    def _get_values(self, action, arg_strings):
+        """An empty value is refused for every flag and argument (``--out ''`` trained into
+        runs/<timestamp>, ``--recipe ''`` ran no recipe, without a word): a flag that can be
+        off has its own spelling (none, 0), or is left out. A command passed on whole
+        (launch's) is the command's own."""
+        if action.nargs != argparse.REMAINDER and any(not s.strip() for s in arg_strings):
+            name = "/".join(action.option_strings) or action.metavar or action.dest
+            self.error(f"{name} is empty: give a value, or leave it out")
+        return super()._get_values(action, arg_strings)
+
     def parse(self, args=None):
         """The command line ``args`` (None: this process's), parsed once, as Flags."""
         values = self.parse_args(args)

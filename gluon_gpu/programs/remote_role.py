@@ -27,9 +27,10 @@ def listed_gpus(environ):
 
 
 def counted_gpus(environ):
-    """The GPUs Slurm gave the job on this node (SLURM_GPUS_ON_NODE), 0 unsaid."""
-    count = environ.get("SLURM_GPUS_ON_NODE", "")
-    return int(count) if count.isdigit() else 0
+    """The GPUs Slurm gave the job on this node (SLURM_GPUS_ON_NODE, checked at entry by
+    environment.slurm_problem, as ASCII digits: standard library only here), 0 unsaid."""
+    count = environ.get("SLURM_GPUS_ON_NODE", "").strip()
+    return int(count) if count.isascii() and count.isdigit() else 0
 
 
 class NoShare(Exception):

@@ -114,7 +114,10 @@ def parse_axes(text):
         if len(parts) > 1:
             axes.append((name, _range(name, key, parts)))
         else:
-            axes.append((name, [_value(name, key, v) for v in values.split(",")]))
+            listed = [_value(name, key, v) for v in values.split(",")]
+            if len(set(listed)) < len(listed):  # lr=0.1,0.1 trained the same member twice
+                raise UserError(f"`sweep` {item!r}: a value is given twice (as {key} takes it)")
+            axes.append((name, listed))
     if not axes:
         raise UserError("`sweep` is empty: give NAME=VALUES, e.g. lr=0.02,0.05")
     return axes

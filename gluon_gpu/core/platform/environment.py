@@ -23,6 +23,15 @@ MAX_POOL_COPIES = 1024
 ENGINES = ("NaiveEngine", "ThreadedEngine", "ThreadedEnginePerDevice")
 
 
+def whole_number(text):
+    """``text`` as a whole number as every consumer reads it, or None: ASCII digits (with
+    spaces around) only. ``str.isdigit`` also takes '²', which int() refuses, and int()
+    takes '٣' and '1_0', which the C libraries that read MXNet's, OpenMP's, ps-lite's and
+    Slurm's variables (atoi, strtol) do not."""
+    text = text.strip()
+    return int(text) if text and text.isascii() and text.isdigit() else None
+
+
 def affinity_cpus():
     """The logical CPUs this process may run on: its affinity mask (a container's cpuset,
     ``taskset``), which ``os.cpu_count()`` ignores, else the machine's count."""
@@ -111,7 +120,8 @@ def _out_of_range(env, ranges):
     anything but a whole number within them, as a line, or None."""
     for name, (low, high, why) in ranges.items():
         value = env.get(name)
-        if value is not None and not (value.strip().isdigit() and low <= int(value) <= high):  # no OpenMP list
+        number = None if value is None else whole_number(value)
+        if value is not None and not (number is not None and low <= number <= high):  # no OpenMP list
             return f"{name}={value!r}: must be a whole number from {low} to {high}{why}"
     return None
 
@@ -141,16 +151,16 @@ def slurm_problem(env=None):
     env = os.environ if env is None else env
     nodes = env.get("SLURM_JOB_NUM_NODES", "1")
     cpus = env.get("SLURM_CPUS_ON_NODE", "")
-    nodes = int(nodes) if nodes.isdigit() and int(nodes) > 0 else 1
-    cpus = int(cpus) if cpus.isdigit() and int(cpus) > 0 else usable_cpus()
+    nodes, cpus = whole_number(nodes) or 1, whole_number(cpus) or usable_cpus()
     ranges = {"SLURM_RESTART_COUNT": (0, 10 ** 6, ""), "SLURM_JOB_NUM_NODES": (1, MAX_JOB_PROCESSES, ""),
+              "SLURM_GPUS_ON_NODE": (0, MAX_JOB_PROCESSES, " (the GPUs Slurm gave the job on this node)"),
               "SLURM_NTASKS": (1, nodes * cpus * PROCESSES_PER_CORE,
                                f" ({PROCESSES_PER_CORE} a CPU of the allocation's {nodes} node(s) of {cpus})")}
     found = _out_of_range(env, ranges)
     if found:
         return found
     job = env.get("SLURM_JOB_ID")
-    if job is not None and not job.strip().isdigit():
+    if job is not None and whole_number(job) is None:
         return f"SLURM_JOB_ID={job!r}: must be Slurm's job number"
     return None
 
@@ -179,15 +189,15 @@ def job_problem(env):
 
 
 def _milliseconds_ok(text):
-    try:
-        return 0 < float(text) <= 1000
+    try:  # float() takes '١٠' and '1_0', Horovod's C++ does not
+        return text.strip().isascii() and "_" not in text and 0 < float(text) <= 1000
     except ValueError:
         return False
 
 
 def _share_ok(text):
-    parts = text.split("/")
-    return len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[0]) < int(parts[1])
+    parts = [whole_number(p) for p in text.split("/")]
+    return len(parts) == 2 and None not in parts and parts[0] < parts[1]
 
 
 def resolves(host, seconds=RESOLVE_SECONDS):

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from multiprocessing.pool import TERMINATE
 
+from .environment import whole_number
 from .errors import ProcessDied, UserError
 
 POLL_SECONDS = 0.2
@@ -179,8 +180,8 @@ def sweep_temp_dirs():
         except OSError:
             continue
         for name in names:
-            pid = name[len(TEMP_PREFIX):]
-            if name.startswith(TEMP_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            pid = whole_number(name[len(TEMP_PREFIX):])
+            if name.startswith(TEMP_PREFIX) and pid is not None and not _alive(pid):
                 shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 

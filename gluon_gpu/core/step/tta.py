@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..platform.environment import whole_number
 from ..platform.errors import UserError
 
 MAX_SHIFT = 8  # pixels: past that a shifted view loses most of a 28x28 image
@@ -66,15 +67,18 @@ def parse_tta(text):
     TestTimeAugmentation, or None for none."""
     if not text or text == "none":
         return None
-    flip, shift = False, 0
+    flip, shift, seen = False, 0, set()
     for item in text.split(","):
-        name, _, value = item.strip().partition("=")
-        if name == "flip" and not value:
+        name, equals, value = item.strip().partition("=")
+        if name in seen:  # flip,flip ran as flip; shift=1,shift=2 as shift=2
+            raise UserError(f"`tta` {text!r}: {name} is given twice")
+        seen.add(name)
+        if name == "flip" and not equals:
             flip = True
         elif name == "shift":
-            if not (value or "1").isdigit() or not 1 <= int(value or 1) <= MAX_SHIFT:
+            shift = whole_number(value if equals else "1")  # 'shift=' ran as shift=1
+            if shift is None or not 1 <= shift <= MAX_SHIFT:
                 raise UserError(f"`tta` {text!r}: shift takes a whole number of pixels from 1 to {MAX_SHIFT}")
-            shift = int(value or 1)
         else:
             raise UserError(f"`tta` {text!r}: expected a comma list of flip and shift=P (pixels), or none")
     return TestTimeAugmentation(flip, shift)

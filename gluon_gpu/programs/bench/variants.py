@@ -64,7 +64,7 @@ def child_argv(parser, args, **values):
         if not action.option_strings or action.default == argparse.SUPPRESS:  # --help, --help-all
             continue
         value = values.get(action.dest, getattr(args, action.dest))
-        if value is None or value is False:
+        if value is None or value is False or value == "":  # '' is the default's spelling, which a flag refuses
             continue
         flag = action.option_strings[-1]
         if value is True:
