@@ -337,3 +337,22 @@ def test_every_float_flag_stops_where_mxnet_s_float32_parameters_stop(capsys):
             assert table_exit("an optimizer setting", e.value.code)
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and err[0].startswith(f"gluon_gpu.train: error: argument {flag}: must be"), err
+
+
+@pytest.mark.parametrize("command,message", [
+    # a wait past 24.8 days was an OverflowError in the wait
+    (["gluon_gpu.bench", "--workers", "1", "--timeout", "9999999"], "--timeout: must be from 0 to 604800 seconds"),
+    (["gluon_gpu.launch", "--timeout", "9999999", "--", "true"], "--timeout: must be from 0 to 604800 seconds"),
+    (["gluon_gpu.launch", "--grace", "9999999", "--", "true"], "--grace: must be from 0 to 604800 seconds"),
+    # pack --processes 1000000 hung without a line, leaving its .partial files
+    (["gluon_gpu.pack", "in", "out", "--processes", "1000000"], "--processes/--num-workers: must be from 0 to"),
+    # beyond what the restarted children take back from GLUON_GPU_RESTART / GLUON_GPU_ELASTIC_TRAINING
+    (["gluon_gpu.launch", "--max-restarts", "1000001", "--", "true"], "--max-restarts: must be from 0 to 1000000"),
+    (["gluon_gpu.train", "--max-resets", "1000001"], "--max-resets: must be from 0 to 1000000")])
+def test_a_count_or_a_deadline_has_the_ceiling_its_consumer_takes(command, message):
+    """#62, class 'a count or value without a ceiling, or beyond what its consumer takes'."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr

@@ -14,7 +14,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_gpu.programs import launch, remote_role, resume, train
+from gluon_gpu.core.platform import owned
+from gluon_gpu.programs import launch, resume, train
 
 from conftest import read_metrics, with_flags
 from test_checkpoints import CHAOS_KILLS, CHAOS_SEED, cpu_seconds
@@ -214,7 +215,7 @@ def test_hostfile_plan_runs_over_ssh_round_robin(tmp_path):
                        "DMLC_NUM_SERVER=2", "DMLC_NUM_WORKER=3", "GLUON_GPU_JOB=job1"):
         assert assignment in words
     # the role runs under the wrapper that ends it with the ssh session
-    assert words[-5:] == [sys.executable, "-c", remote_role.SOURCE, "python", "train.py"]
+    assert words[-5:] == [sys.executable, "-c", owned.SOURCE, "python", "train.py"]
     scheduler = procs[0]
     assert scheduler[3][1:] == ["-c", "import mxnet"] and scheduler[4]["DMLC_ROLE"] == "scheduler"
 
@@ -261,10 +262,10 @@ def role_sees(share, visible):
     """(status, stdout, stderr) of a role under the wrapper given GPU share ``share`` on a
     node whose step lists ``visible``; the role prints its CUDA_VISIBLE_DEVICES. The
     control line stays open until the role is done, as the launcher's does."""
-    proc = subprocess.Popen([sys.executable, "-c", remote_role.SOURCE, sys.executable, "-c",
+    proc = subprocess.Popen([sys.executable, "-c", owned.SOURCE, sys.executable, "-c",
                              "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, remote_role.GPU_SHARE_ENV: share, "CUDA_VISIBLE_DEVICES": visible})
+                            env={**os.environ, owned.GPU_SHARE_ENV: share, "CUDA_VISIBLE_DEVICES": visible})
     out, err = proc.stdout.read(), proc.stderr.read()
     proc.stdin.close()
     return proc.wait(), out, err
@@ -282,7 +283,7 @@ def test_slurm_gpus_are_split_among_each_node_s_workers(monkeypatch, capsys):
     placed = launch.placement(args)
     assert "the scheduler here, at 10.1.2.3; 4 GPUs a node, 2 to each worker (its CUDA_VISIBLE_DEVICES)" in \
         capsys.readouterr().err
-    workers = [(host, env[remote_role.GPU_SHARE_ENV]) for role, _, host, _, env in
+    workers = [(host, env[owned.GPU_SHARE_ENV]) for role, _, host, _, env in
                launch.plan(args, "j", 9000, placed.hosts, cwd="/w", gpu_sharers=placed.gpu_sharers) if role == "worker"]
     assert workers == [("n1", "0/2"), ("n2", "0/2"), ("n1", "1/2"), ("n2", "1/2")]
     for share, visible in (("0/2", "4,5"), ("1/2", "6,7")):  # what Slurm gave the step: the node's 4 GPUs

@@ -1,7 +1,11 @@
 """The fused conv+relu+pool operator: exact against MXNet's own layers (values and every
 gradient), the fused LeNet interchangeable with the standard one, and the build,
 fallback and error paths."""
+import ctypes
 import os
+import select
+import subprocess
+import sys
 
 import numpy as np
 import mxnet as mx
@@ -220,8 +224,70 @@ def test_the_library_is_compiled_once_and_reused(monkeypatch, tmp_path):
 
     def no_compiling(*args, **kwargs):
         raise AssertionError("compiled again")
-    monkeypatch.setattr(compiled.subprocess, "run", no_compiling)  # the compile moved to models/compiled.py
+    monkeypatch.setattr(compiled, "_compile", no_compiling)
     assert fused_conv.build() == path
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbage", "no digest"])
+def test_a_damaged_cached_library_is_compiled_again_not_trusted(tmp_path, capsys, damage):
+    """#62, class 'a cached artifact trusted without a check': the library cut in half
+    crashed every LeNet run with SIGBUS; filled with garbage, it warned and fell back on
+    every run, never rebuilt. Now its digest is checked first and a damaged copy compiled
+    again."""
+    source = tmp_path / "tiny.cc"
+    source.write_text('extern "C" int answer() { return 42; }\n')
+    path, command = str(tmp_path / "cache" / "tiny.so"), ["g++", "-shared", "-fPIC", str(source)]
+    assert compiled.build_library(path, command, "a tiny library") == path
+    good = open(path, "rb").read()
+    if damage == "cut":
+        open(path, "wb").write(good[:len(good) // 2])
+    elif damage == "garbage":
+        open(path, "wb").write(os.urandom(len(good)))
+    else:
+        os.remove(path + ".sha256")
+    capsys.readouterr()
+    assert not compiled.intact(path)
+    assert compiled.build_library(path, command, "a tiny library") == path and compiled.intact(path)
+    assert "the cached copy failed its check" in capsys.readouterr().err
+    assert ctypes.CDLL(path).answer() == 42
+
+
+def test_a_compile_dies_with_the_program_that_started_it(tmp_path):
+    """#62, class 'a child outliving its owner': SIGKILL of a run while g++ compiled left
+    g++ running for seconds, its .so in the cache for good and its cc*.s files in TMPDIR.
+    Here the compiler is a script whose own child (as cc1plus is g++'s) would run for
+    minutes: both end with the program, and the next compile removes what it left."""
+    compiler = tmp_path / "slow-cxx"
+    compiler.write_text("#!/bin/sh\nsleep 600 &\necho $! > \"$PIDFILE\"\nwait\n")
+    compiler.chmod(0o755)
+    env = {**os.environ, "CXX": str(compiler), "GLUON_GPU_CACHE": str(tmp_path / "cache"),
+           "PIDFILE": str(tmp_path / "grandchild")}
+    program = subprocess.Popen([sys.executable, "-c", "from gluon_gpu.models import fused_conv; fused_conv.build()"],
+                               env=env, stderr=subprocess.PIPE, text=True)
+    assert program.stderr.readline().startswith("gluon_gpu: compiling")
+    while not (tmp_path / "grandchild").exists() or not (tmp_path / "grandchild").read_text().strip():
+        assert program.poll() is None  # waits on the file the compiler writes
+    grandchild = int((tmp_path / "grandchild").read_text())
+    program.kill()
+    program.wait()
+    assert _ends(grandchild), "the compiler's child outlived the program"
+    assert not [name for name in os.listdir(tmp_path / "cache") if name.endswith(".so")]  # nothing trusted
+    (tmp_path / "cache" / f"conv_relu_pool-x.so.{program.pid}.partial").write_text("half")
+    compiled._sweep_partial(str(tmp_path / "cache" / "conv_relu_pool-x.so"))
+    assert os.listdir(tmp_path / "cache") == []
+
+
+def _ends(pid):
+    """Whether process ``pid`` ends: waits on its state (a pidfd turns readable when it
+    does), with a minute as the safety net of a test that would otherwise hang."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], 60)[0])
+    finally:
+        os.close(fd)
 
 
 def test_train_records_the_fused_operator_and_refuses_it_where_it_cannot_run(tmp_path, capsys):

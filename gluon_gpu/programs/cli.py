@@ -258,6 +258,26 @@ def thread_count(text):
     return value
 
 
+def wait_seconds(text):
+    """Seconds of a deadline (0: none), at most environment.MAX_WAIT_SECONDS: ``bench
+    --timeout 9999999`` was an OverflowError (a wait over about 24.8 days) in the wait."""
+    from ..core.platform.environment import MAX_WAIT_SECONDS
+    value = non_negative_int(text)
+    if value > MAX_WAIT_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_WAIT_SECONDS} seconds (a week), got {text!r}")
+    return value
+
+
+def restart_count(text):
+    """A count of restarts or resets, at most what the restarted children take back
+    from their variable (environment.MAX_RESTARTS)."""
+    from ..core.platform.environment import MAX_RESTARTS
+    value = non_negative_int(text)
+    if value > MAX_RESTARTS:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_RESTARTS}, got {text!r}")
+    return value
+
+
 def process_count(text):
     """A count of processes this host starts (loader workers): 0 up to
     environment.PROCESSES_PER_CORE a usable CPU; more only thrash the machine."""

@@ -18,7 +18,7 @@ from ..models.fused_conv import MODES
 from ..models.member_stack import LAYOUTS
 from ..models.zoo import MODELS, ZOO_EXAMPLES
 from .cli import Renamed, as_flags, below_one, epoch_list, non_negative_float, non_negative_int, positive_float, \
-    positive_int, process_count, seed, thread_count, tta_text
+    positive_int, process_count, restart_count, seed, thread_count, tta_text
 
 OPTIMIZERS = ("sgd", "nag", "adam", "rmsprop", "adagrad")
 LR_MODES = ("constant", "step", "cosine", "poly", "linear")
@@ -174,7 +174,7 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                               type=non_negative_int, metavar="N")
     max_resets: int = _flag(20, "an elastic Horovod job: the most times a worker starts its training again from "
                             "the newest commit after the job's membership changed (or its process crashed)", True,
-                            type=non_negative_int, metavar="N")
+                            type=restart_count, metavar="N")
     monitor: str = _flag("auto", "the validation figure best.params and --early-stop follow (auto: val-acc "
                          "when classifying, val-mse when regressing)", choices=MONITORS)
     val_every: int = _flag(1, "validate every N epochs and always after the last one: the epochs between have no "

@@ -34,7 +34,7 @@ import mxnet as mx
 from ..core.loop.callbacks import Callback
 from ..core.platform.signals import STOP_SIGNALS
 from .launch import GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_SECONDS
-from .remote_role import die_with_parent, send, signal_group
+from ..core.platform.owned import die_with_parent, send, signal_group
 
 ELASTIC_ENV = "HOROVOD_ELASTIC"  # set by horovodrun's elastic driver in every worker
 TRAINING_ENV = "GLUON_GPU_ELASTIC_TRAINING"  # in the child that trains (supervise): how many resets before it

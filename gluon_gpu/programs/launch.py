@@ -19,7 +19,7 @@ checkpoint (under Slurm, over the nodes the allocation still holds: a ``--no-kil
 loses a node that fails). SIGTERM or SIGINT to the launcher is passed on to the workers, which stop
 together after a step, rank 0 writing a checkpoint; the launcher exits 143/130 when they
 are done. No role outlives the launcher: local ones get SIGKILL from the kernel when it
-dies, remote ones from a wrapper (remote_role.py) that watches its ssh session. Each
+dies, remote ones from a wrapper (core/platform/owned.py) that watches its ssh session. Each
 process runs in its own process group, so helpers it started (DataLoader workers) are
 stopped with it.
 """
@@ -39,8 +39,8 @@ from ..core.platform.environment import PROCESSES_PER_CORE, slurm_problem, usabl
 from ..core.platform.errors import UserError
 from ..core.platform.signals import STOP_SIGNALS
 from ..core.platform.optional import require_horovod
-from . import remote_role
-from .cli import Parser, main_guard, non_negative_int, positive_int
+from ..core.platform import owned
+from .cli import Parser, main_guard, non_negative_int, positive_int, restart_count, wait_seconds
 
 JOB_ENV = "GLUON_GPU_JOB"  # marks every process of a job (tests look for leftovers by it)
 RESTART_ENV = "GLUON_GPU_RESTART"  # the restart's number, for the workers (programs/train.py)
@@ -75,11 +75,11 @@ def build_parser():
                    help="address the other hosts reach this machine's scheduler at (default: in a Slurm "
                         "allocation this node's NodeAddr, else its hostname's)")
     p.add_argument("--port", type=port_number, default=0, help="scheduler port (0: a free one)")
-    p.add_argument("--timeout", type=non_negative_int, default=0, help="seconds before the job is stopped (0: none)")
-    p.add_argument("--grace", type=positive_int, default=10,
+    p.add_argument("--timeout", type=wait_seconds, default=0, help="seconds before the job is stopped (0: none)")
+    p.add_argument("--grace", type=grace_seconds, default=10,
                    help="seconds between SIGTERM and SIGKILL, for workers to checkpoint after a "
                         "forwarded signal, and for servers to finish after the workers")
-    p.add_argument("--max-restarts", type=non_negative_int, default=0,
+    p.add_argument("--max-restarts", type=restart_count, default=0,
                    help="start a job whose process died again, up to N times; its workers resume "
                         "their --out from the newest complete checkpoint")
     p.add_argument("--ssh-config", help="ssh client configuration file for the hosts (ssh -F; --engine horovod: "
@@ -90,6 +90,13 @@ def build_parser():
     p.add_argument("--python", default=sys.executable, help="interpreter for the scheduler and servers")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the worker command")
     return p
+
+
+def grace_seconds(text):
+    value = wait_seconds(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be from 1 second, got {text!r}")
+    return value
 
 
 def port_number(text):
@@ -210,7 +217,7 @@ def split_gpus(num_workers, hosts, gpus):
 
 def plan(args, job, port, hosts=None, cwd=None, restart=0, gpu_sharers=0):
     """``[(role, index, host or None, argv, env)]`` for the scheduler, servers and workers;
-    ``gpu_sharers``: see Placement (each worker's share named for its wrapper, remote_role.py)."""
+    ``gpu_sharers``: see Placement (each worker's share named for its wrapper, core/platform/owned.py)."""
     root = "127.0.0.1" if not hosts else (args.scheduler_host or socket.gethostbyname(socket.gethostname()))
     base = {"DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(port),
             "DMLC_NUM_SERVER": str(args.num_servers), "DMLC_NUM_WORKER": str(args.num_workers),
@@ -227,7 +234,7 @@ def plan(args, job, port, hosts=None, cwd=None, restart=0, gpu_sharers=0):
             host = hosts[i % len(hosts)] if hosts else None
             env = {**base, "DMLC_ROLE": role, **({} if host else {"DMLC_NODE_HOST": "127.0.0.1"})}
             if role == "worker" and gpu_sharers:  # worker i is the (i // nodes)-th on its node
-                env[remote_role.GPU_SHARE_ENV] = f"{i // len(hosts)}/{gpu_sharers}"
+                env[owned.GPU_SHARE_ENV] = f"{i // len(hosts)}/{gpu_sharers}"
             remote = srun_command if args.slurm else ssh_command
             argv = cmd if host is None else remote(host, env, cmd, cwd or os.getcwd(), args.python, args.ssh_config)
             procs.append((role, i, host, argv, env))
@@ -239,7 +246,7 @@ def ssh_command(host, env, cmd, cwd, python, ssh_config=None):
     under the remote wrapper (run by ``python`` there), which ends it with the ssh session."""
     target, _, port = host.partition(":")
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-    wrapped = [python, "-c", remote_role.SOURCE] + list(cmd)
+    wrapped = [python, "-c", owned.SOURCE] + list(cmd)
     remote = f"cd {shlex.quote(cwd)} && exec env {exports} {' '.join(shlex.quote(c) for c in wrapped)}"
     return ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", *SSH_DEADLINES] + \
         (["-F", ssh_config] if ssh_config else []) + (["-p", port] if port else []) + [target, remote]
@@ -258,7 +265,7 @@ def srun_command(node, env, cmd, cwd, python, _ssh_config=None):
     allocation's CPUs, as they share a host's."""
     exports = [f"{k}={v}" for k, v in sorted(env.items())]
     return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}", f"--chdir={cwd}", "--quiet",
-            "--kill-on-bad-exit=1", "env"] + exports + [python, "-c", remote_role.SOURCE] + list(cmd)
+            "--kill-on-bad-exit=1", "env"] + exports + [python, "-c", owned.SOURCE] + list(cmd)
 
 
 def horovod_plan(args, job, restart=0, hosts=None):
@@ -291,12 +298,12 @@ class CannotStart(Exception):
 
 class Role:
     """One started process of a job: local, or an ssh session to a remote wrapper whose
-    stdin carries signals (remote_role.py). ``node_failed``: for an srun step, whether its
+    stdin carries signals (core/platform/owned.py). ``node_failed``: for an srun step, whether its
     node has failed (asked once it exits 0)."""
 
     def __init__(self, name, role, argv, env, remote, node_failed=None):
         self.name, self.role, self.remote, self._node_failed, self._failed = name, role, remote, node_failed, False
-        self.popen = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=remote_role.die_with_parent,
+        self.popen = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=owned.die_with_parent,
                                       stdin=subprocess.PIPE if remote else subprocess.DEVNULL)
 
     def poll(self):
@@ -325,7 +332,7 @@ class Role:
         if self.remote:
             self.signal(signal.SIGTERM)
         else:
-            remote_role.signal_group(self.popen.pid, signal.SIGTERM)
+            owned.signal_group(self.popen.pid, signal.SIGTERM)
 
     def end_control(self):
         """Remote: end the control line, on which the wrapper kills the role's group and
@@ -335,7 +342,7 @@ class Role:
 
     def kill(self):
         self.end_control()
-        remote_role.signal_group(self.popen.pid)
+        owned.signal_group(self.popen.pid)
 
     def _control(self, text):
         try:
@@ -506,7 +513,7 @@ def slurm_requeues():
 
 def node_gpus():
     """The GPUs of each node of the allocation, as this node has them (0: none)."""
-    return remote_role.counted_gpus(os.environ) or len(remote_role.listed_gpus(os.environ))
+    return owned.counted_gpus(os.environ) or len(owned.listed_gpus(os.environ))
 
 
 def over_nodes(args, nodes):

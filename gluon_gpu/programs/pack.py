@@ -21,7 +21,7 @@ from ..core.platform.files import write_json
 from ..core.platform.memory import check_fits, size_text
 from ..data.folders import scan_folder
 from ..data.recordio import ENCODINGS, SPLITS, write_split
-from .cli import Parser, Renamed, command, main_guard, non_negative_int, progress_enabled
+from .cli import Parser, Renamed, command, main_guard, non_negative_int, process_count, progress_enabled
 
 
 def build_parser():
@@ -32,7 +32,7 @@ def build_parser():
     p.add_argument("--encoding", default="auto", choices=ENCODINGS,
                    help="auto: JPEG and PNG files as they are when not resized, else JPEG; jpg; png")
     p.add_argument("--quality", type=_quality, default=95, help="JPEG quality, 1-100")
-    p.add_argument("--processes", "--num-workers", dest="processes", type=non_negative_int, default=None,
+    p.add_argument("--processes", "--num-workers", dest="processes", type=process_count, default=None,
                    action=Renamed, help="processes decoding and encoding images (0: this one; default: the usable "
                                         "cores; --num-workers: its old name, deprecated)")
     p.add_argument("--overwrite", action="store_true", help="replace the RecordIO files OUT already holds")

@@ -127,6 +127,8 @@ def _out_of_range(env, ranges):
 
 
 MAX_JOB_PROCESSES = 4096  # workers or servers of one job: far above any job of this project
+MAX_WAIT_SECONDS = 7 * 86400  # the longest deadline any wait takes (a week): threading's and poll's limits are far above
+MAX_RESTARTS = 10 ** 6  # restarts or resets of a job: the children read their number back from a variable
 PROCESSES_PER_CORE = 8  # processes one host starts for a job or a loader, at most, per core
 DMLC_ROLES = ("worker", "server", "scheduler")
 RESOLVE_SECONDS = 10
@@ -135,14 +137,14 @@ RESOLVE_SECONDS = 10
 def job_whole_numbers():
     """``{variable: (lowest, highest, why)}`` of the whole numbers of a job's environment."""
     return {"DMLC_NUM_WORKER": (1, MAX_JOB_PROCESSES, ""), "DMLC_NUM_SERVER": (1, MAX_JOB_PROCESSES, ""),
-            "DMLC_PS_ROOT_PORT": (1, 65535, " (a TCP port)"), "GLUON_GPU_CONNECT_TIMEOUT": (1, 7 * 86400, " seconds"),
-            "GLUON_GPU_STALL_TIMEOUT": (1, 7 * 86400, " seconds"),
+            "DMLC_PS_ROOT_PORT": (1, 65535, " (a TCP port)"), "GLUON_GPU_CONNECT_TIMEOUT": (1, MAX_WAIT_SECONDS, " seconds"),
+            "GLUON_GPU_STALL_TIMEOUT": (1, MAX_WAIT_SECONDS, " seconds"),
             "HOROVOD_RANK": (0, MAX_JOB_PROCESSES - 1, " (Horovod's launcher sets it)"),
             "HOROVOD_SIZE": (1, MAX_JOB_PROCESSES, " (Horovod's launcher sets it)"),
-            "HOROVOD_GLOO_TIMEOUT_SECONDS": (1, 7 * 86400, " seconds"),
-            "GLUON_GPU_ELASTIC_TRAINING": (0, 10 ** 6, " (the resets before it, as an elastic worker's supervisor "
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": (1, MAX_WAIT_SECONDS, " seconds"),
+            "GLUON_GPU_ELASTIC_TRAINING": (0, MAX_RESTARTS, " (the resets before it, as an elastic worker's supervisor "
                                                        "sets it)"),
-            "GLUON_GPU_RESTART": (1, 10 ** 6, " (the restart's number, as gluon-gpu-launch sets it)")}
+            "GLUON_GPU_RESTART": (1, MAX_RESTARTS, " (the restart's number, as gluon-gpu-launch sets it)")}
 
 
 def slurm_problem(env=None):
@@ -152,7 +154,7 @@ def slurm_problem(env=None):
     nodes = env.get("SLURM_JOB_NUM_NODES", "1")
     cpus = env.get("SLURM_CPUS_ON_NODE", "")
     nodes, cpus = whole_number(nodes) or 1, whole_number(cpus) or usable_cpus()
-    ranges = {"SLURM_RESTART_COUNT": (0, 10 ** 6, ""), "SLURM_JOB_NUM_NODES": (1, MAX_JOB_PROCESSES, ""),
+    ranges = {"SLURM_RESTART_COUNT": (0, MAX_RESTARTS, ""), "SLURM_JOB_NUM_NODES": (1, MAX_JOB_PROCESSES, ""),
               "SLURM_GPUS_ON_NODE": (0, MAX_JOB_PROCESSES, " (the GPUs Slurm gave the job on this node)"),
               "SLURM_NTASKS": (1, nodes * cpus * PROCESSES_PER_CORE,
                                f" ({PROCESSES_PER_CORE} a CPU of the allocation's {nodes} node(s) of {cpus})")}

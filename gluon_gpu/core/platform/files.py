@@ -81,9 +81,15 @@ def atomic_write(path, write):
         temporaries.append(tmp)
         write(tmp)
         os.chmod(tmp, umask_mode(0o666))
-        fsync_path(tmp)
-        os.replace(tmp, path)
-        fsync_path(directory)
+        fsync_replace(tmp, path)
+
+
+def fsync_replace(tmp, path):
+    """Move the finished file ``tmp`` to ``path`` durably: its bytes on disk before the
+    rename, the rename on disk after it."""
+    fsync_path(tmp)
+    os.replace(tmp, path)
+    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 def remove_temporaries(directory):

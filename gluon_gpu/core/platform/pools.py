@@ -181,7 +181,7 @@ def sweep_temp_dirs():
             continue
         for name in names:
             pid = whole_number(name[len(TEMP_PREFIX):])
-            if name.startswith(TEMP_PREFIX) and pid is not None and not _alive(pid):
+            if name.startswith(TEMP_PREFIX) and pid is not None and not alive(pid):
                 shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
@@ -198,7 +198,8 @@ def _socket_base(base):
                     "characters here), and /tmp is not writable: set a shorter TMPDIR")
 
 
-def _alive(pid):
+def alive(pid):
+    """Whether process ``pid`` is there (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -36,7 +36,7 @@ from ...core.step.precision import check_precision, precision_for
 from ...data import load_dataset
 from ...models import get_model
 from ...models.zoo import model_for
-from ..cli import Parser, main_guard, non_negative_int, positive_int, progress_enabled, unit_fraction
+from ..cli import Parser, main_guard, positive_int, progress_enabled, unit_fraction, wait_seconds
 from ..config import COMMON_FLAGS, add_flags
 from ..train import check_writable
 from . import accuracy, children, ensembles, inference, sweep, torch_train, variants
@@ -75,7 +75,7 @@ def build_parser():
                    help="an interpreter with PyTorch: its eager rows (the scaling table, --inference, "
                         "--to-accuracy)")
     p.add_argument("--out", default="bench-out", help="directory for bench.json and scaling.png")
-    p.add_argument("--timeout", type=non_negative_int, default=children.TIMEOUT_SECONDS, metavar="SECONDS",
+    p.add_argument("--timeout", type=wait_seconds, default=children.TIMEOUT_SECONDS, metavar="SECONDS",
                    help="stop a child process of the benchmark (a training job, a variant, PyTorch's loop) that runs "
                         "longer, in one line, exit 1 (0: no limit)")
     p.brief_flags("epochs", "repeats", "baseline", "ensemble", "workers", "to_accuracy", "recipe", "inference",

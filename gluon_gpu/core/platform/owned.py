@@ -1,12 +1,14 @@
-"""The wrapper around each role the launcher starts on an ssh host.
+"""A command that lives and dies with its owner: the wrapper around each role the
+launcher starts on an ssh host, and around a compiler a program runs (models/compiled.py).
 
-ssh does not pass signals on, and a remote process outlives a dropped session. So the
-launcher runs every remote role as ``python -c SOURCE COMMAND...`` and keeps the ssh
-session's stdin as a control line: "SIGTERM" or "SIGINT" on it is sent to the role, and
-its end (the launcher closed it, or died, or the connection broke) kills the role's whole
-process group. The role itself dies with this wrapper (PR_SET_PDEATHSIG). A stop signal
-sent to the wrapper itself (Slurm signals every process of a step) is passed on to the
-role, which decides. Standard library only: it runs before anything of the job is
+ssh does not pass signals on, a remote process outlives a dropped session, and a
+compiler's own children (cc1plus, as, ld) outlive a driver that is killed. So the owner
+runs the command as ``python -c SOURCE COMMAND...`` and keeps the wrapper's stdin as a
+control line: "SIGTERM" or "SIGINT" on it is sent to the command, and its end (the owner
+closed it, or died however it died, or the connection broke) kills the command's whole
+process group. The command itself dies with this wrapper (PR_SET_PDEATHSIG). A stop
+signal sent to the wrapper itself (Slurm signals every process of a step) is passed on to
+the command, which decides. Standard library only: it runs before anything of the job is
 imported, on any host.
 """
 import ctypes
