@@ -198,8 +198,14 @@ def test_the_plan_names_the_choice_and_only_this_class_s_figures(tmp_path):
     done = plan()
     assert done.returncode == 0, done.stderr
     assert ("in bfloat16 (oneDNN 3: the features' convolutions, BatchNorms, ReLUs and adds) (auto chose the faster: "
-            "contrib.amp 1.60x float32, oneDNN 3 1.75x, measured 2026-12-07 on AMD EPYC (AVX-512 BF16), "
-            "docs/bfloat16.md)") in done.stdout, done.stdout
+            "ResNet-20 trains at contrib.amp 1.60x float32, oneDNN 3 1.75x, measured 2026-12-07 on AMD EPYC "
+            "(AVX-512 BF16), docs/bfloat16.md)") in done.stdout, done.stdout
+    # #62: LeNet took contrib.amp because oneDNN 3's kernels do not run it, not as "the faster"
+    lenet = subprocess.run([sys.executable, "-c", AS_IF.format(flags=set(NO_AMX), measured=str(measured)), "--model",
+                            "lenet", "--devices", "cpu", "--dtype", "bfloat16", "--dry-run", "--out",
+                            str(tmp_path / "lenet")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert ("(auto: contrib.amp, as oneDNN 3's kernels run a CIFAR ResNet v1's features, not this network; "
+            "ResNet-20 trains at contrib.amp 1.60x float32") in lenet.stdout, lenet.stdout + lenet.stderr
     rows["AVX-512 BF16"].update(amp=0.9, onednn=0.8)
     measured.write_text(json.dumps({"model": "ResNet-20", "page": "docs/bfloat16.md", "classes": rows}))
     done = plan()

@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from gluon_gpu.core.platform.errors import DeadlineError, UserError
+from gluon_gpu.core.platform.errors import ChildFailed, DeadlineError, UserError
 from gluon_gpu.programs.bench import children
+from gluon_gpu.programs.cli import main_guard
 from gluon_gpu.programs.bench import program as bench
 
 from failure_table import table_exit
@@ -37,8 +38,25 @@ def test_a_streamed_child_yields_its_lines_then_is_stopped_at_its_deadline():
 
 
 def test_a_streamed_child_that_fails_names_itself_and_its_last_line():
-    with pytest.raises(UserError, match="^the bad loop: ValueError: no$"):
+    with pytest.raises(ChildFailed, match="^the bad loop: ValueError: no$"):
         list(children.lines([sys.executable, "-c", "raise ValueError('no')"], "the bad loop", 60))
+
+
+def test_a_child_failure_has_the_exit_class_of_its_cause():
+    """#62, class 'the wrong exit class': a bench child killed by SIGKILL made the bench
+    exit 2, the status of a user's mistake. A child's own exit 2 (it said the user's
+    mistake) stays 2; killed, crashed or failed is 1."""
+    with pytest.raises(ChildFailed, match="^the killed loop: killed by SIGKILL"):
+        list(children.lines([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"], "the killed loop", 60))
+    with pytest.raises(UserError, match="^the refusing loop: no such flag$"):
+        list(children.lines([sys.executable, "-c",
+                             "import sys; print('no such flag', file=sys.stderr); sys.exit(2)"], "the refusing loop",
+                            60))
+
+    @main_guard("gluon_gpu.bench")
+    def failing(argv=None):
+        list(children.lines([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"], "the killed loop", 60))
+    assert failing() == 1
 
 
 def test_no_deadline_with_timeout_zero():
@@ -53,6 +71,7 @@ def test_bench_stops_a_training_job_past_its_timeout(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == ("gluon_gpu.bench: error: the one-process training job ran past --timeout 3 s and was stopped "
                        "(--timeout 0: no limit)")
+    assert not [name for name in os.listdir(tmp_path / "bench") if name.startswith("job-")]  # no empty job folder
 
 
 def test_a_silent_child_is_said_by_how_it_ended():

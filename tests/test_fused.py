@@ -297,7 +297,12 @@ def test_train_records_the_fused_operator_and_refuses_it_where_it_cannot_run(tmp
     assert train.main(["--devices", "cpu", "--model", "cifar_resnet20_v1", "--fused-conv", "on",
                        "--dry-run", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["gluon_gpu.train: error: --fused-conv on applies to lenet only, not cifar_resnet20_v1"]
+    assert err == ["gluon_gpu.train: error: --fused-conv on applies to lenet's convolutions and to the gather of a "
+                   "geometric --augment (flip, crop, ...); this run has neither (cifar_resnet20_v1, no such "
+                   "augmentation)"]
+    # #62: the flag also chooses the compiled gather, and an MLP with flips takes it
+    assert train.main(["--devices", "cpu", "--model", "mlp", "--fused-conv", "on", "--augment", "flip", "--epochs",
+                       "1", "--limit", "256", "--val-limit", "64", "--quiet", "--out", str(tmp_path / "m")]) == 0
     assert train.main(["--devices", "cpu", "--fused-conv", "off", "--dry-run", "--out", str(tmp_path / "y")]) == 0
     assert "conv+relu+pool" not in capsys.readouterr().out
 

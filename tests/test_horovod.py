@@ -134,9 +134,12 @@ def test_without_horovod_the_engine_and_the_kvstore_are_one_line_each(tmp_path):
     hidden.mkdir()
     (hidden / "__init__.py").write_text("")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
-    for command in ([sys.executable, "-m", "gluon_gpu.launch", "--engine", "horovod", "-n", "2", "--", "true"],
-                    TRAIN + ["--epochs", "1", "--out", str(tmp_path / "run")]):
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    for command, elastic in (([sys.executable, "-m", "gluon_gpu.launch", "--engine", "horovod", "-n", "2", "--",
+                               "true"], "0"), (TRAIN + ["--epochs", "1", "--out", str(tmp_path / "run")], "0"),
+                             # an elastic worker imported Horovod first: a 19-line traceback (#62)
+                             (TRAIN + ["--epochs", "1", "--out", str(tmp_path / "elastic")], "1")):
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env={**env, "HOROVOD_ELASTIC": elastic})
         assert table_exit("Horovod missing", done.returncode)
         last = done.stderr.strip().splitlines()
         assert len(last) == 1 and "needs Horovod built for MXNet, which this Python lacks: make horovod" in last[0]
@@ -327,6 +330,9 @@ def test_a_horovod_job_over_two_slurm_nodes_equals_one_process(two_hosts_slurm, 
     (["-n", "2", "--elastic"], "--elastic: only with --engine horovod"),
     (["--engine", "horovod", "-n", "2", "--elastic"], "--elastic needs --host-discovery-script"),
     (["--engine", "horovod", "-n", "2", "--max-workers", "3"], "--max-workers: only with --elastic"),
+    # a ps-lite job ran with it, unsaid (#62, class 'a flag ignored in a mode')
+    (["-n", "2", "--min-workers", "3"], "--min-workers: only with --engine horovod"),
+    (["--engine", "horovod", "-n", "2", "--min-workers", "2"], "--min-workers: only with --elastic"),
     (["--engine", "horovod", "-n", "2", "--elastic", "--host-discovery-script", "/nonexistent"],
      "--host-discovery-script /nonexistent: not an executable file"),
     (["--engine", "horovod", "-n", "4", "--elastic", "--host-discovery-script", "/bin/true", "--max-workers", "3"],

@@ -3,6 +3,7 @@ job's DMLC_* (ps-lite hung without a word, or aborted in C++, on bad ones), Slur
 the launcher reads them, gluon_gpu's own; and a worker whose scheduler never comes
 gives up after GLUON_GPU_CONNECT_TIMEOUT seconds with one line naming the address."""
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -122,3 +123,25 @@ def test_a_count_past_the_machine_is_refused_before_any_process_starts(command, 
                           text=True, timeout=120)
     assert table_exit("a count past what the machine runs", done.returncode)
     assert message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_worker_waiting_for_its_scheduler_hears_a_stop_signal(tmp_path, signum):
+    """#62, class 'a stop signal not heard during a blocking wait': ps-lite's connect waits
+    in C++, where no Python handler runs, and the worker ignored SIGTERM and Ctrl-C until
+    the connect deadline ended (600 s by default). It is waited on by ps-lite's own line
+    (PS_VERBOSE: its bind, inside the wait) before the signal is sent."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = clean_env(**{**JOB, "DMLC_PS_ROOT_PORT": str(port), "GLUON_GPU_CONNECT_TIMEOUT": "600", "PS_VERBOSE": "1"})
+    worker = subprocess.Popen(TRAIN + ["--out", str(tmp_path / "run")], cwd=REPO, env=env, stderr=subprocess.PIPE,
+                              text=True)
+    for line in worker.stderr:
+        if "Bind to role=worker" in line:
+            break
+    worker.send_signal(signum)
+    rest = worker.stderr.read()
+    assert worker.wait(timeout=120) == 128 + signum
+    assert rest.strip() == (f"gluon_gpu: stopped by {signal.Signals(signum).name} while this worker waited for "
+                            f"the scheduler at 127.0.0.1:{port}"), rest

@@ -78,3 +78,20 @@ def test_the_resnet_recipe_learns_on_a_slice(tmp_path):
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"] and epochs[-1]["train_acc"] > 0.5
     assert max(e["val_acc"] for e in epochs) > 0.3
     assert read_metrics(out)["config"]["augment"] == "flip,crop=2,erase=0.5" and read_metrics(out)["config"]["ema"] == 0.999
+
+
+def test_an_error_about_a_flag_the_recipe_set_says_so(capsys):
+    """#62, class 'an error that blames what the user did not type'."""
+    for flags, said in ((["--recipe", "fast94", "--ensemble", "2"],
+                         "--tta validates one network, not an --ensemble or a --sweep (--tta flip: set by recipe "
+                         "fast94; a flag typed beside it overrides it)"),
+                        (["--recipe", "resnet20", "--ensemble", "2"],
+                         "--ema does not apply to an --ensemble or a --sweep yet (--ema 0.999: set by recipe resnet20;"
+                         " a flag typed beside it overrides it)"),
+                        (["--recipe", "lenet", "--optimizer", "adam"],
+                         "--momentum applies to sgd and nag, not adam (--momentum 0.9: set by recipe lenet; a flag "
+                         "typed beside it overrides it)"),
+                        (["--recipe", "fast94", "--ensemble", "2", "--tta", "flip"],  # typed: the user's own
+                         "--tta validates one network, not an --ensemble or a --sweep")):
+        assert train.main(flags + ["--limit", "256", "--dry-run"]) == 2
+        assert capsys.readouterr().err.strip() == f"gluon_gpu.train: error: {said}"

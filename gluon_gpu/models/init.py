@@ -42,7 +42,8 @@ def fused_for(name, ctx, fused_conv="auto"):
     from .fused_conv import use_fused
     if name != "lenet":
         if fused_conv == "on":
-            raise UserError(f"`fused_conv` on applies to lenet only, not {name}")
+            raise UserError(f"`fused_conv` on applies to lenet's convolutions and to the gather of a geometric "
+                            f"`augment` (flip, crop, ...); this run has neither ({name}, no such augmentation)")
         return False
     return use_fused(fused_conv, ctx)
 

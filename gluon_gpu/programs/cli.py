@@ -9,7 +9,7 @@ import shutil
 import sys
 from typing import NamedTuple
 
-from ..core.platform.errors import DeadlineError, ProcessDied, UserError
+from ..core.platform.errors import ChildFailed, DeadlineError, ProcessDied, UserError
 from ..core.platform.signals import Stopped
 
 
@@ -359,7 +359,7 @@ def main_guard(prog):
             except UserError as e:
                 print(f"{prog}: error: {as_flags(str(e))}", file=sys.stderr)
                 return 2
-            except (ProcessDied, DeadlineError) as e:  # a worker killed (out of memory), a child past its deadline
+            except (ProcessDied, DeadlineError, ChildFailed) as e:  # killed (out of memory), past its deadline, failed
                 print(f"{prog}: error: {e}", file=sys.stderr)
                 return 1
             except KeyboardInterrupt:

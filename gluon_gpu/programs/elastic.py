@@ -32,9 +32,9 @@ import urllib.request
 import mxnet as mx
 
 from ..core.loop.callbacks import Callback
-from ..core.platform.signals import STOP_SIGNALS
-from .launch import GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_SECONDS
 from ..core.platform.owned import die_with_parent, send, signal_group
+from ..core.platform.signals import STOP_SIGNALS, heard_while
+from .launch import GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_SECONDS
 
 ELASTIC_ENV = "HOROVOD_ELASTIC"  # set by horovodrun's elastic driver in every worker
 TRAINING_ENV = "GLUON_GPU_ELASTIC_TRAINING"  # in the child that trains (supervise): how many resets before it
@@ -160,7 +160,8 @@ def _hvd():
     """horovod.mxnet, initialized."""
     import horovod.mxnet as hvd  # pylint: disable=import-outside-toplevel
     if not hvd.is_initialized():
-        hvd.init()
+        with heard_while("this elastic worker waited for the job's other workers"):
+            hvd.init()
     return hvd
 
 

@@ -467,6 +467,7 @@ def check_engine(args):
     hostfile (Horovod's launcher starts its workers); --elastic is Horovod's."""
     elastic = [flag for flag, value in (("--elastic", args.elastic), ("--host-discovery-script",
                                                                      args.host_discovery_script),
+                                        ("--min-workers", args.min_workers != 1),  # ps-lite ran with it, unsaid
                                         ("--max-workers", args.max_workers)) if value]
     if args.engine == "ps-lite":
         if elastic or args.network_interface:

@@ -80,7 +80,10 @@ def bfloat16_note(config, precision):
         return f" ({warning})"
     if not measured:
         return f" (not measured on a CPU with {bfloat16_class()}: scripts/bfloat16_page.py measures it)"
-    figures = f"contrib.amp {float(measured['amp']):.2f}x float32" + (
+    figures = f"{measured.get('model', 'ResNet-20')} trains at contrib.amp {float(measured['amp']):.2f}x float32" + (
         f", oneDNN 3 {float(measured['onednn']):.2f}x" if "onednn" in measured else "")
-    chosen = "auto chose the faster: " if config.bfloat16_kernels == "auto" and "onednn" in measured else ""
+    chosen = ""
+    if config.bfloat16_kernels == "auto" and "onednn" in measured:  # the table says which is faster for ResNet-20
+        chosen = ("auto chose the faster: " if precision.kernels else
+                  "auto: contrib.amp, as oneDNN 3's kernels run a CIFAR ResNet v1's features, not this network; ")
     return f" ({chosen}{figures}, {measured_words(measured)})"

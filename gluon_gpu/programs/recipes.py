@@ -5,6 +5,7 @@ of a recipe; the plan line prints the recipe as applied. ``--recipe list`` shows
 A recipe's figure is a measurement of one run (seed 0, the full FashionMNIST test set)
 on the date named; docs/accuracy.md says how it was measured and how long it took.
 """
+import re
 from collections import namedtuple
 from dataclasses import replace
 from typing import NamedTuple
@@ -73,6 +74,21 @@ def apply_recipe(config, given):
         # a short try of a recipe (--epochs 1) keeps an epoch after the warm-up: the plan line says so
         config = replace(config, warmup_epochs=config.epochs - 1)
     return config
+
+
+def blamed(error, config, typed):
+    """``error`` (a UserError about ``config``), its line saying which of the flags it
+    names the recipe set, not the user (``typed``): `--recipe fast94 --ensemble 2` said
+    "--tta validates one network", a --tta the user never typed."""
+    if not config.recipe or config.recipe not in RECIPES:
+        return error
+    flags = RECIPES[config.recipe].flags
+    named = [n for n in dict.fromkeys(re.findall(r"`([a-z0-9_]+)`", str(error))) if n in flags and n not in typed]
+    if not named:
+        return error
+    said = ", ".join(_flag_text(n, getattr(config, n)).replace(flag_name(n), f"`{n}`", 1) for n in named)
+    error.args = (f"{error} ({said}: set by recipe {config.recipe}; a flag typed beside it overrides it)",)
+    return error
 
 
 def spelled(config):

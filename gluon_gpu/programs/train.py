@@ -17,6 +17,7 @@ from ..core.platform.devices import devices, parse_devices, require_thread_setti
 from ..core.platform.errors import DivergedError, ProcessDied, UserError, WriteError
 from ..core.platform.files import RunLock, remove_temporaries
 from ..core.platform.memory import recording, total_text
+from ..core.platform.optional import require_horovod
 from ..core.platform.signals import STOP_SIGNALS
 from ..core.state.checkpoint import complete_checkpoints, latest_checkpoint
 from ..core.state.version import __version__
@@ -30,7 +31,7 @@ from .config import RunConfig, add_flags
 from .elastic import ElasticCommit, is_elastic, is_supervisor, run_elastic, supervise
 from .launch import RESTART_ENV
 from .plan import plan_line
-from .recipes import apply_recipe, recipe_table
+from .recipes import apply_recipe, blamed, recipe_table
 from .resume import Checkpointer, ResumePoint, restart_from, resume_config, resume_point
 from .run import build_run
 from .run_callbacks import chief_callbacks, monitor_for
@@ -116,9 +117,18 @@ def main(argv=None, restart=None):
         print(recipe_table())
         return 0
     config, state = _run_config(args, flags.typed_values())
-    _thread_settings(args, config, restart=argv is None if restart is None else restart)
+    try:
+        return _worker(args, flags, config, state, argv is None if restart is None else restart)
+    except UserError as e:
+        raise blamed(e, config, flags.typed) from None
+
+
+def _worker(args, flags, config, state, restart):
+    """The run ``config`` (its ``state`` resumed), alone or as an elastic job's worker."""
+    _thread_settings(args, config, restart=restart)
     if not is_elastic(config):
         return _run(args, config, state)
+    require_horovod("`kvstore` horovod")  # an elastic worker imports it first (HOROVOD_ELASTIC=1): one line
     if is_supervisor():
         return supervise(config.max_resets)
     out = args.resume or (config.out if config.out and complete_checkpoints(config.out) else

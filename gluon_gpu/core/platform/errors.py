@@ -44,6 +44,12 @@ class DeadlineError(Exception):
     input's fault, so exit status 1, in one line naming what was waited for."""
 
 
+class ChildFailed(Exception):
+    """A child process (a benchmark's training job, PyTorch's loop) failed in a way that is
+    not the user's input (killed, crashed, exit 1): exit status 1, in one line. A child
+    that exits 2 said the user's mistake itself: that stays a UserError."""
+
+
 class ProcessDied(Exception):
     """A worker process this one started (a DataLoader's, pack's) ended on its own, most
     often killed by the kernel's out-of-memory killer: not the user's input, so exit

@@ -3,9 +3,12 @@
 SIGINT is. Outside training they raise :class:`Stopped` (the programs' main_guard turns
 it into one line and the shell's 128 + N); training installs its own handlers, which
 checkpoint after the step in progress (programs/train.py). Imports no MXNet."""
+import contextlib
 import os
+import select
 import signal
 import sys
+import threading
 
 # What a training loop stops on, in precedence when workers got different ones.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -61,3 +64,41 @@ _state = {"at_fork": False}
 def _default_stop_signals():
     for signum in STOP_SIGNALS[:2]:
         signal.signal(signum, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def heard_while(what):
+    """Inside the block the main thread waits in C++ (ps-lite's connect and barriers,
+    Horovod's rendezvous) for peers that may never come, and no Python signal handler
+    runs until the wait ends: a worker waiting for a scheduler ignored SIGTERM and Ctrl-C
+    for the connect deadline's 600 s. Here the signal is heard where the C handler writes
+    it (``signal.set_wakeup_fd``), by a thread that says so in one line (``what``: what
+    was waited for) and ends the process with 128 + the signal: a wait has nothing to save."""
+    if threading.current_thread() is not threading.main_thread():  # its own handlers hear the signals
+        yield
+        return
+    heard, quit_ = os.pipe(), os.pipe()
+    os.set_blocking(heard[1], False)
+    previous = signal.set_wakeup_fd(heard[1], warn_on_full_buffer=False)
+    thread = threading.Thread(target=_hear, args=(heard[0], quit_[0], what), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.write(quit_[1], b"q")
+        thread.join()
+        for fd in (*heard, *quit_):
+            os.close(fd)
+
+
+def _hear(heard, quit_, what):
+    while True:
+        ready, _, _ = select.select([heard, quit_], [], [])
+        if quit_ in ready:
+            return
+        for signum in os.read(heard, 64):
+            if signum in STOP_SIGNALS:
+                print(f"gluon_gpu: stopped by {signal.Signals(signum).name} while {what}", file=sys.stderr,
+                      flush=True)
+                os._exit(128 + signum)

@@ -6,7 +6,7 @@ A job of one process answers every question from its own figures."""
 import numpy as np
 from mxnet import nd
 
-from ..platform.signals import STOP_SIGNALS
+from ..platform.signals import STOP_SIGNALS, heard_while
 from .array_api import semantics
 from .kvstores import StallWatch
 from .spread_members import SpreadMembers
@@ -42,7 +42,8 @@ class Workers:
             trainer._init_kvstore()  # pylint: disable=protected-access
             trainer._init_params()  # pylint: disable=protected-access
         nd.waitall()
-        self.store._barrier()  # pylint: disable=protected-access
+        with heard_while("this worker waited for the job's other workers at its start"):
+            self.store._barrier()  # pylint: disable=protected-access
         self.members = placed.members if placed is not None else 0  # sample counts per member, then
         self.store.init(_METRIC_KEY, nd.zeros((metric_width + max(self.members, 1),)))
         self.store.init(_STOP_KEY, nd.zeros((len(STOP_SIGNALS),)))

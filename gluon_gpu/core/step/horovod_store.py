@@ -16,6 +16,7 @@ from mxnet import nd
 from mxnet.kvstore.base import KVStoreBase
 
 from ..platform.optional import require_horovod
+from ..platform.signals import heard_while
 
 
 class HorovodStore(KVStoreBase):
@@ -40,7 +41,8 @@ class HorovodStore(KVStoreBase):
             import horovod.mxnet as hvd  # pylint: disable=import-outside-toplevel
             self._module = hvd
         if not self._module.is_initialized():
-            self._module.init()
+            with heard_while("this worker waited for the Horovod job's other workers"):
+                self._module.init()
         return self._module
 
     @property

@@ -10,6 +10,7 @@ import mxnet as mx
 from ..platform.environment import resolves
 from ..platform.errors import UserError
 from ..platform.optional import require_horovod
+from ..platform.signals import heard_while
 from .horovod_store import HorovodStore
 
 KVSTORES = ("device", "local", "nccl", "dist_sync", "dist_device_sync", "dist_async", "horovod")
@@ -71,7 +72,8 @@ def create_store(kind):
     timer.daemon = True
     timer.start()
     try:
-        return mx.kv.create(kind)
+        with heard_while(f"this {role} waited for the scheduler at {uri}:{port}"):
+            return mx.kv.create(kind)
     finally:
         timer.cancel()
 

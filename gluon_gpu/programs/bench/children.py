@@ -5,7 +5,7 @@ import signal
 import subprocess
 import threading
 
-from ...core.platform.errors import DeadlineError, UserError
+from ...core.platform.errors import ChildFailed, DeadlineError, UserError
 
 STOP_GRACE_SECONDS = 60  # a child asked to stop has this long to do it before it is killed
 TIMEOUT_SECONDS = 3 * 3600  # bench --timeout's default: far above the longest row (PyTorch's float32 loop)
@@ -21,8 +21,8 @@ def run(cmd, what, seconds, **kwargs):
 
 
 def lines(cmd, what, seconds):
-    """The stdout lines of ``cmd`` as they come; UserError naming ``what`` with its last
-    line if it fails; DeadlineError past ``seconds`` (0: no deadline). Closed before the
+    """The stdout lines of ``cmd`` as they come; one line naming ``what`` with its last
+    line if it fails (:func:`failure`); DeadlineError past ``seconds`` (0: no deadline). Closed before the
     child's end (the caller has what it wanted), the child is stopped."""
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -49,7 +49,7 @@ def lines(cmd, what, seconds):
     if expired.is_set():
         raise DeadlineError(_overran(what, seconds))
     if proc.returncode:
-        raise UserError(f"{what}: {last_words(errors, proc.returncode)}")
+        raise failure(f"{what}: {last_words(errors, proc.returncode)}", proc.returncode)
 
 
 def stop(proc, grace=STOP_GRACE_SECONDS):
@@ -60,6 +60,13 @@ def stop(proc, grace=STOP_GRACE_SECONDS):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
+
+
+def failure(message, returncode):
+    """The error of a child that ended with ``returncode``: a UserError where it said the
+    user's mistake itself (status 2), else ChildFailed (exit 1: a child killed by SIGKILL
+    made the benchmark exit 2, the status of a user's mistake)."""
+    return UserError(message) if returncode == 2 else ChildFailed(message)
 
 
 def last_words(stderr, returncode):

@@ -65,10 +65,7 @@ def run_inference(args):
         done = children.run(command, f"the {','.join(group)} engines' bench", args.timeout)
         if done.returncode != 0:
             last = children.last_words(done.stderr, done.returncode)
-            raise UserError(f"`inference` {' '.join(group)}: {last.split(': error: ', 1)[-1]}") \
-                if done.returncode == 2 else \
-                RuntimeError(f"bench --inference {','.join(group)} failed:\n"
-                             + "\n".join(done.stderr.strip().splitlines()[-20:] or [last]))
+            raise children.failure(f"`inference` {' '.join(group)}: {last.split(': error: ', 1)[-1]}", done.returncode)
         with open(os.path.join(out, "rows.json")) as f:
             rows += [{**row, "omp_threads": omp or thread_settings()["omp_threads"]} for row in json.load(f)]
     base = rows[0]["samples_per_s"]

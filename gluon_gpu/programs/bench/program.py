@@ -16,6 +16,7 @@ own (variants.py), in one table and ``OUT/variants.png`` with the learning curve
 (with ``--ensemble``: the ensemble table and ``OUT/ensemble.png``).
 """
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -197,8 +198,8 @@ def time_job(args, workers, out, kvstore="dist_sync"):
     what = f"the {kvstore} training job of {workers} worker(s)" if workers else "the one-process training job"
     proc = children.run(cmd, what, args.timeout)
     if proc.returncode:
-        last = children.last_words(proc.stderr, proc.returncode)
-        raise UserError(f"benchmark job failed ({' '.join(cmd)}): {last}")
+        raise children.failure(f"benchmark job failed ({' '.join(cmd)}): "
+                               f"{children.last_words(proc.stderr, proc.returncode)}", proc.returncode)
     import json
     with open(os.path.join(out, "metrics.json")) as f:
         epochs = json.load(f)["epochs"]
@@ -236,8 +237,13 @@ def run_workers(args):
     jobs = [(0, None)] + [(w, kv) for kv in kvstores for w in sorted(set(args.workers))]
     with tqdm(total=len(jobs), desc="bench", unit="job", disable=not progress_enabled(args)) as bar:
         for w, kv in jobs:
-            with CpuMeter() as meter:
-                run = time_job(args, w, tempfile.mkdtemp(prefix=f"job-{w}-workers-", dir=args.out), kv or "dist_sync")
+            out = tempfile.mkdtemp(prefix=f"job-{w}-workers-", dir=args.out)
+            try:
+                with CpuMeter() as meter:
+                    run = time_job(args, w, out, kv or "dist_sync")
+            except BaseException:  # a job that failed or ran past --timeout leaves no folder of its own
+                shutil.rmtree(out, ignore_errors=True)
+                raise
             samples = args.limit or 60000
             name = "1 process" if w == 0 else f"{w} worker{'s' if w > 1 else ''} {kv}"
             rows.append({**summarize(name, [run], samples, len(parse_devices(args.devices[0])), meter.share),

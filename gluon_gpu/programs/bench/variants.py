@@ -15,7 +15,6 @@ import sys
 
 from ...core.loop.callbacks import save_figure, subplots
 from ...core.platform.devices import thread_variables
-from ...core.platform.errors import UserError
 from ...core.platform.files import write_json
 from ...models.member_stack import ensemble_variables
 from ..config import RunConfig
@@ -79,13 +78,13 @@ def child_argv(parser, args, **values):
 def child_report(parser, args, what, **values):
     """Run ``gluon_gpu.bench`` in a child process with ``values`` in place of some of
     ``args`` (``out`` among them) and return its ``bench.json``; a failed child is a
-    UserError naming ``what`` and the child's last line."""
+    one line naming ``what`` and the child's last line (children.failure)."""
     argv = child_argv(parser, args, **values)
     proc = children.run([sys.executable, "-m", "gluon_gpu.bench"] + argv, f"the {what} benchmark", args.timeout,
                         env={**os.environ, **start_variables(parser.parse_args(argv))})
     if proc.returncode:
-        last = children.last_words(proc.stderr, proc.returncode)
-        raise UserError(f"the {what} benchmark failed: {last}")
+        raise children.failure(f"the {what} benchmark failed: {children.last_words(proc.stderr, proc.returncode)}",
+                               proc.returncode)
     with open(os.path.join(values["out"], "bench.json")) as f:
         return json.load(f)
 
