@@ -356,3 +356,13 @@ def test_a_count_or_a_deadline_has_the_ceiling_its_consumer_takes(command, messa
     done = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=120,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+def test_a_limit_beyond_the_data_is_said(capsys):
+    """#62, class 'input silently dropped': --limit 100000 on 90 images trained on 90 without a word."""
+    from gluon_gpu.programs import train
+    assert train.main(["--limit", "100000", "--val-limit", "20000", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "gluon_gpu.train: warning: --limit 100000 is more than the 60000 training samples the data has: it uses " \
+           "them all" in err
+    assert "--val-limit 20000 is more than the 10000 validation samples" in err

@@ -81,3 +81,11 @@ def test_a_silent_child_is_said_by_how_it_ended():
     assert last_words("", -9) == "killed by SIGKILL (the kernel's out-of-memory killer sends it: see dmesg)"
     assert last_words("  \n", -15) == "killed by SIGTERM"
     assert last_words("", 3) == "exit status 3, nothing on stderr"
+
+
+def test_a_timeout_where_nothing_runs_as_a_child_is_said(tmp_path, capsys):
+    """#62, class 'a flag ignored in a mode': bench --timeout 1 on the scaling table ran to
+    its end without a word (its rows train in the benchmark's own process)."""
+    assert bench.main(["--devices", "cpu", "--epochs", "1", "--limit", "256", "--baseline", "none", "--timeout", "1",
+                       "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    assert "gluon_gpu.bench: warning: --timeout bounds the benchmark's child processes" in capsys.readouterr().err

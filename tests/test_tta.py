@@ -144,3 +144,17 @@ def test_the_pytorch_rows_take_the_same_views(text):
     x = np.random.default_rng(0).integers(0, 255, (3, 1, 6, 6), dtype=np.uint8)
     ours, theirs = parse_tta(text).numpy_views(x), torch_train.tta_views(text)(x)
     assert len(ours) == len(theirs) and all(np.array_equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_tta_is_fixed_on_resume(tmp_path, capsys):
+    """#62: a run resumed with another --tta mixed two kinds of validation in its history
+    and picked best.params across both."""
+    from gluon_gpu.programs import train
+    out = str(tmp_path / "r")
+    assert train.main(["--devices", "cpu", "--limit", "256", "--val-limit", "64", "--epochs", "1", "--tta", "flip",
+                       "--quiet", "--out", out]) == 0
+    for other, shown in (("none", "none"), ("flip,shift=1", "flip,shift=1")):
+        assert train.main(["--resume", out, "--epochs", "2", "--tta", other]) == 2
+        assert capsys.readouterr().err.startswith(f"gluon_gpu.train: error: --tta {shown} differs from the run's flip; "
+                                                  "on --resume only")
+    assert train.main(["--resume", out, "--epochs", "2", "--tta", "flip", "--quiet"]) == 0  # the same: fine

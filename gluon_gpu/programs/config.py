@@ -128,7 +128,8 @@ class RunConfig:  # pylint: disable=too-many-instance-attributes
                                  type=below_one, metavar="DECAY")
     tta: str = _flag("", "test-time augmentation of validation: judge the mean log-probabilities of each image's "
                      "views: flip (and its mirror), shift=P (and each moved P pixels down-right and up-left), "
-                     "e.g. flip,shift=1; none", True, type=tta_text, metavar="LIST",
+                     "e.g. flip,shift=1; none (fixed on --resume: best.params compares the epochs' figures)",
+                     type=tta_text, metavar="LIST",
                      brief="test-time augmentation of validation: flip, flip,shift=1")
     mixup_off_epochs: int = _flag(0, "the last N epochs without --mixup or --cutmix (GluonCV's --mixup-off-epoch)",
                                   type=non_negative_int, metavar="N")

@@ -24,8 +24,8 @@ from .sweep import member_configs, member_count
 def _differs(name, value, was):
     """``--lr 0.5 differs from the run's 0.05``, in the words a flag of no value or a
     value the run never had needs."""
-    given = flag_name(name) if isinstance(value, bool) else f"{flag_name(name)} {value}"
-    if was is None or isinstance(was, bool):
+    given = flag_name(name) if isinstance(value, bool) else f"{flag_name(name)} {value if value != '' else 'none'}"
+    if was is None or was == "" or isinstance(was, bool):
         return f"{given} differs from the run, which ran {'with' if was else 'without'} {flag_name(name)}"
     return f"{given} differs from the run's {was}"
 

@@ -78,7 +78,7 @@ def build_run(config: RunConfig, ctx, exchange=True, data=None, model=None, save
     pipes, described = _pipelines(config, ctx, data, layout, sweep, inputs, shard, pipelines)
     dp = _step(config, ctx, net, store, spec, sweep, inputs, exchange, pipes[0], spread is not None)
     return Run(config, dp, pipes[0], pipes[1], Dataset(data.train_x, data.train_y, data.val_x, data.val_y, spec),
-               _warnings(config, synced, shard[1], len(data.train_y)), described,
+               _warnings(config, synced, shard[1], data), described,
                describe(inputs.augment.components) if inputs.augment is not None else "",
                describe_mixing(inputs.mixing, inputs.mix_alphas) if inputs.mixing is not None else "",
                WeightAverage(dp, config.ema, pipes[1]) if config.ema else None, sweep)
@@ -188,9 +188,13 @@ def _step(config, ctx, net, store, spec, sweep, inputs, exchange, train, spread)
                         augment=inputs.augment, mixing=inputs.mixing, tta=config.tta or None)
 
 
-def _warnings(config, synced, workers, samples):
+def _warnings(config, synced, workers, data):
     """One line each, for the person starting the run."""
-    warnings = idle_flags(config)
+    samples, warnings = len(data.train_y), idle_flags(config)
+    for flag, limit, held, which in (("limit", config.limit, samples, "training"),
+                                     ("val_limit", config.val_limit, len(data.val_y), "validation")):
+        if limit and limit > held:  # --limit 100000 on 90 images trained on 90, without a word
+            warnings.append(f"`{flag}` {limit} is more than the {held} {which} samples the data has: it uses them all")
     if config.sync_bn and not synced:
         warnings.append(f"`sync_bn`: {config.model} has no BatchNorm layer; nothing to synchronize")
     if config.batch_size * workers > samples:

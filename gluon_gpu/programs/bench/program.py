@@ -276,6 +276,11 @@ def main(argv=None):
     check_engines(args)
     combinations = variants.variants(args)
     check_torch_python(args, len(combinations))
+    if "timeout" in flags.typed and not (args.workers or args.to_accuracy or args.inference or args.torch_python
+                                         or args.ensemble or len(combinations) > 1):
+        print("gluon_gpu.bench: warning: --timeout bounds the benchmark's child processes (--workers, --to-accuracy, "
+              "--inference, --torch-python, several --dtype or thread counts); this table trains in this process, "
+              "which it does not bound", file=sys.stderr)
     if len(combinations) > 1 and args.workers:
         raise UserError("several --dtype, --omp-threads or --engine-threads values compare plain runs and "
                         "ensembles; time --workers once per value")
