@@ -142,6 +142,7 @@ def test_a_worker_waiting_for_its_scheduler_hears_a_stop_signal(tmp_path, signum
             break
     worker.send_signal(signum)
     rest = worker.stderr.read()
-    assert worker.wait(timeout=120) == 128 + signum
+    assert table_exit("a stop signal (Ctrl-C, SIGTERM, SIGHUP) while a worker waits", worker.wait(timeout=120))
+    assert worker.returncode == 128 + signum
     assert rest.strip() == (f"gluon_gpu: stopped by {signal.Signals(signum).name} while this worker waited for "
                             f"the scheduler at 127.0.0.1:{port}"), rest
