@@ -1,6 +1,8 @@
 """Every child process of the benchmark has a deadline (issue #53): `bench --timeout`
 stops one that runs past it, in one line, exit 1, and leaves no process behind."""
 import os
+import select
+import subprocess
 import sys
 
 import pytest
@@ -89,3 +91,22 @@ def test_a_timeout_where_nothing_runs_as_a_child_is_said(tmp_path, capsys):
     assert bench.main(["--devices", "cpu", "--epochs", "1", "--limit", "256", "--baseline", "none", "--timeout", "1",
                        "--out", str(tmp_path / "b"), "--quiet"]) == 0
     assert "gluon_gpu.bench: warning: --timeout bounds the benchmark's child processes" in capsys.readouterr().err
+
+
+def test_a_child_dies_with_a_killed_benchmark(tmp_path):
+    """#62, class 'a child outliving its owner': a SIGKILLed benchmark's children (a
+    training job, PyTorch's loop) ran on. Here a stand-in benchmark streams a child that
+    would sleep 10 minutes, and is killed once the child has said it started."""
+    probe = ("import sys; from gluon_gpu.programs.bench import children\n"
+             "for line in children.lines([sys.executable, '-c', 'import os, time; print(os.getpid(), flush=True); "
+             "time.sleep(600)'], 'the slow child', 0):\n    print(line.strip(), flush=True)")
+    bench_like = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True,
+                                  cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child = int(bench_like.stdout.readline())
+    bench_like.kill()
+    bench_like.wait()
+    fd = os.pidfd_open(child)  # waits on the child's state, a minute as the safety net
+    try:
+        assert select.select([fd], [], [], 60)[0], "the child outlived the benchmark"
+    finally:
+        os.close(fd)

@@ -1,11 +1,13 @@
 """The benchmark's child processes (a training job, a variant's or an engine group's
 bench, PyTorch's loop), each stopped past ``bench --timeout`` seconds: no benchmark
-waits forever on a child that hangs."""
+waits forever on a child that hangs; and each dies with the benchmark, however it ends
+(a SIGKILLed benchmark's PyTorch loop trained on for minutes)."""
 import signal
 import subprocess
 import threading
 
 from ...core.platform.errors import ChildFailed, DeadlineError, UserError
+from ...core.platform.owned import die_with_parent
 
 STOP_GRACE_SECONDS = 60  # a child asked to stop has this long to do it before it is killed
 TIMEOUT_SECONDS = 3 * 3600  # bench --timeout's default: far above the longest row (PyTorch's float32 loop)
@@ -15,7 +17,8 @@ def run(cmd, what, seconds, **kwargs):
     """``subprocess.run(cmd)``, its output captured as text; DeadlineError naming ``what``
     past ``seconds`` (0: no deadline)."""
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=seconds or None, **kwargs)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=seconds or None,
+                              preexec_fn=die_with_parent, **kwargs)
     except subprocess.TimeoutExpired:
         raise DeadlineError(_overran(what, seconds)) from None
 
@@ -25,7 +28,8 @@ def lines(cmd, what, seconds):
     line if it fails (:func:`failure`); DeadlineError past ``seconds`` (0: no deadline). Closed before the
     child's end (the caller has what it wanted), the child is stopped."""
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=die_with_parent)
     except OSError as e:
         raise UserError(f"{what}: {e.strerror}") from None
     expired = threading.Event()
