@@ -12,6 +12,7 @@ import mxnet as mx
 import pytest
 from mxnet import autograd, nd
 
+from gluon_gpu.core.platform.pools import remove_dead_partials
 from gluon_gpu.models import compiled, fused_conv
 from gluon_gpu.programs import train
 from gluon_gpu.data import DevicePipeline
@@ -273,7 +274,7 @@ def test_a_compile_dies_with_the_program_that_started_it(tmp_path):
     assert _ends(grandchild), "the compiler's child outlived the program"
     assert not [name for name in os.listdir(tmp_path / "cache") if name.endswith(".so")]  # nothing trusted
     (tmp_path / "cache" / f"conv_relu_pool-x.so.{program.pid}.partial").write_text("half")
-    compiled._sweep_partial(str(tmp_path / "cache" / "conv_relu_pool-x.so"))
+    remove_dead_partials(str(tmp_path / "cache" / "conv_relu_pool-x.so"))
     assert os.listdir(tmp_path / "cache") == []
 
 

@@ -252,7 +252,7 @@ def test_a_killed_pack_worker_ends_pack_in_one_line_and_leaves_no_files(fashion_
     proc = subprocess.Popen([sys.executable, "-m", "gluon_gpu.pack", fashion_folder, out, "--image-size", "1024",
                              "--processes", "2", "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
-    partial = os.path.join(out, "train.rec.partial")  # 1536 images of 1024x1024 to encode: the kill lands mid-way
+    partial = os.path.join(out, f"train.rec.{proc.pid}.partial")  # 1536 images of 1024x1024: the kill lands mid-way
     wait_for(lambda: os.path.exists(partial) and os.path.getsize(partial) > 0)
     os.kill(children(proc.pid)[0], signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
@@ -261,6 +261,25 @@ def test_a_killed_pack_worker_ends_pack_in_one_line_and_leaves_no_files(fashion_
     line = err.strip()
     assert line.startswith("gluon_gpu.pack: error: a pack worker (pid ") and "killed by SIGKILL" in line, line
     assert not os.listdir(out), os.listdir(out)  # no .partial left
+
+
+def test_what_a_killed_pack_left_is_removed_by_the_next(fashion_folder, tmp_path):
+    """#62, class 'temporaries outliving their owner': a pack killed mid-write (kill -9:
+    no handler runs) left train.rec.partial and train.idx.partial in OUT for good."""
+    out = str(tmp_path / "rec")
+    proc = subprocess.Popen([sys.executable, "-m", "gluon_gpu.pack", fashion_folder, out, "--image-size", "1024",
+                             "--processes", "1", "--quiet"], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    partial = os.path.join(out, f"train.rec.{proc.pid}.partial")
+    wait_for(lambda: os.path.exists(partial) and os.path.getsize(partial) > 0)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert os.path.exists(partial)
+    done = subprocess.run([sys.executable, "-m", "gluon_gpu.pack", fashion_folder, out, "--processes", "1",
+                           "--quiet"], cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO},
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(out)) == ["meta.json", "train.idx", "train.rec", "val.idx", "val.rec"]
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "kill -9"])

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..core.platform.errors import DataError
 from ..core.platform.files import fsync_path
-from ..core.platform.pools import PoolWatch
+from ..core.platform.pools import PoolWatch, partial_path, remove_dead_partials
 from .images import decode, open_image, parse_image_size
 from .sources import ImageSource, from_sources
 
@@ -183,7 +183,9 @@ def write_split(items, out, split, channels, size, encoding="auto", quality=95, 
     keys 0, 1, ...; both files appear whole or not at all. ``progress()``: after each."""
     from mxnet import recordio
     rec, idx = (os.path.join(out, f"{split}.{ext}") for ext in ("rec", "idx"))
-    partial = [f"{path}.partial" for path in (rec, idx)]
+    for path in (rec, idx):
+        remove_dead_partials(path)  # a pack killed mid-write left its own
+    partial = [partial_path(path) for path in (rec, idx)]
     writer = recordio.MXIndexedRecordIO(partial[1], partial[0], "w")
     jobs = ((path, channels, size, encoding, quality) for path, _ in items)
     watch = PoolWatch(num_workers, "a pack worker") if num_workers else None

@@ -1,7 +1,6 @@
 """Kernels compiled once per machine with the C++ compiler (``$CXX``, else g++) and
 cached under ``$GLUON_GPU_CACHE`` (default ``~/.cache/gluon_gpu``): LeNet's fused
 operator (fused_conv.py) and the oneDNN 3 bfloat16 features (amx_features.py)."""
-import glob
 import hashlib
 import os
 import shutil
@@ -10,9 +9,8 @@ import sys
 import tempfile
 
 from ..core.platform import owned
-from ..core.platform.environment import whole_number
 from ..core.platform.files import fsync_replace, write_text
-from ..core.platform.pools import alive, process_temp_dir
+from ..core.platform.pools import partial_path, process_temp_dir, remove_dead_partials
 
 
 class KernelUnavailable(Exception):
@@ -59,11 +57,11 @@ def build_library(path, command, what, error=KernelUnavailable):
     except OSError as e:
         raise error(f"cannot write the cache directory {os.path.dirname(path)}: "
                     f"{e.strerror or e} (set GLUON_GPU_CACHE)") from None
-    _sweep_partial(path)
+    remove_dead_partials(path)
     damaged = os.path.exists(path)
     print(f"gluon_gpu: compiling {what} (once per machine{'; the cached copy failed its check' * damaged}) ...",
           file=sys.stderr, flush=True)
-    tmp = f"{path}.{os.getpid()}.partial"
+    tmp = partial_path(path)
     try:
         _compile([*command, "-o", tmp], error)
         write_text(f"{path}.sha256", _digest(tmp))
@@ -91,17 +89,6 @@ def _digest(path):
         for block in iter(lambda: f.read(1 << 20), b""):
             key.update(block)
     return key.hexdigest()
-
-
-def _sweep_partial(path):
-    """Remove what compiles of ``path`` by processes that are gone left in the cache."""
-    for leftover in glob.glob(f"{glob.escape(path)}.*.partial"):
-        pid = whole_number(leftover[len(path) + 1:].split(".", 1)[0])
-        if pid is not None and not alive(pid):
-            try:
-                os.unlink(leftover)
-            except OSError:
-                pass
 
 
 def _compile(argv, error):

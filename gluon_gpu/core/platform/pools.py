@@ -6,6 +6,7 @@ raise :class:`ProcessDied` within a fraction of a second of a death; a pool is e
 without waiting on what the dead left, and the workers' temporary folder goes with the
 next start if not at exit (docs/maintainers/internals.md, "Worker pools")."""
 import functools
+import glob
 import multiprocessing.connection
 import multiprocessing.pool
 import multiprocessing.util
@@ -207,3 +208,20 @@ def alive(pid):
     except PermissionError:  # another user's
         pass
     return True
+
+
+def partial_path(path):
+    """Where this process writes ``path`` before renaming it into place: named with its
+    PID, so that :func:`remove_dead_partials` can tell a killed writer's from a live one's."""
+    return f"{path}.{os.getpid()}.partial"
+
+
+def remove_dead_partials(path):
+    """Remove what writers of ``path`` that are gone (killed mid-write) left beside it."""
+    for leftover in glob.glob(f"{glob.escape(path)}.*.partial"):
+        pid = whole_number(leftover[len(path) + 1:].split(".", 1)[0])
+        if pid is not None and not alive(pid):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
