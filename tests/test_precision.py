@@ -70,6 +70,12 @@ def test_the_bfloat16_warning_cites_the_ratio_measured_on_this_cpu_class(tmp_pat
     measured.write_text(json.dumps({"classes": {"AVX-512 BF16 and AMX": row}}))
     assert bfloat16_warning(precision.bfloat16_measured(amx, str(measured))) == ""  # faster: nothing to warn of
     assert precision.bfloat16_measured(amx, str(tmp_path / "none.json")) is None
+    # #62: a table read back is checked in every field its readers take (a bad onednn broke the plan line)
+    for damaged in ({**row, "onednn": "abc"}, {k: v for k, v in row.items() if k != "date"}, "not a row"):
+        measured.write_text(json.dumps({"classes": {"AVX-512 BF16 and AMX": damaged}}))
+        assert precision.bfloat16_measured(amx, str(measured)) is None
+    measured.write_text('{"classes": {"AVX-512')  # cut short
+    assert precision.bfloat16_measured(amx, str(measured)) is None
     with open(BFLOAT16_MEASURED) as f:  # the committed measurement is the page's, a row per class
         committed = json.load(f)
     assert committed["page"] == "docs/bfloat16.md"

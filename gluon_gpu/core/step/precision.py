@@ -97,8 +97,10 @@ def bfloat16_measured(flags=None, path=None):
         with open(path or BFLOAT16_MEASURED) as f:
             measured = json.load(f)
         entry = dict(measured["classes"][kind])
-        float(entry["amp"])
-    except (OSError, ValueError, KeyError, TypeError):
+        for ratio in ("amp", "onednn") if "onednn" in entry else ("amp",):  # every field its readers take
+            entry[ratio] = float(entry[ratio])
+        entry["date"], entry["cpu"] = str(entry["date"]), str(entry["cpu"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a damaged table: as if unmeasured
         return None
     return {**entry, "class": kind, "model": measured.get("model", "ResNet-20"),
             "page": measured.get("page", "docs/bfloat16.md")}
