@@ -97,12 +97,15 @@ class Parser(argparse.ArgumentParser):
     def _get_values(self, action, arg_strings):
         """An empty value is refused for every flag and argument (``--out ''`` trained into
         runs/<timestamp>, ``--recipe ''`` ran no recipe, without a word): a flag that can be
-        off has its own spelling (none, 0), or is left out. A command passed on whole
-        (launch's) is the command's own."""
+        off has its own spelling (none, 0), or is left out; and a value given twice to a
+        flag that takes several. A command passed on whole (launch's) is the command's own."""
+        name = "/".join(action.option_strings) or action.metavar or action.dest
         if action.nargs != argparse.REMAINDER and any(not s.strip() for s in arg_strings):
-            name = "/".join(action.option_strings) or action.metavar or action.dest
             self.error(f"{name} is empty: give a value, or leave it out")
-        return super()._get_values(action, arg_strings)
+        values = super()._get_values(action, arg_strings)
+        if action.nargs in ("+", "*") and isinstance(values, list) and len(set(map(repr, values))) < len(values):
+            self.error(f"{name} gives a value twice: give each once")  # bench --devices cpu cpu timed it twice
+        return values
 
     def parse(self, args=None):
         """The command line ``args`` (None: this process's), parsed once, as Flags."""
