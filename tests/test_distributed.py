@@ -584,3 +584,23 @@ def test_a_run_continues_mid_epoch_with_another_worker_count(tmp_path):
                                                            (0, 4, 3, 0), (9, 3, 2, None), (8, 3, 4, 6)])
 def test_a_mid_epoch_position_converts_between_worker_counts(batch, workers, now, expected):
     assert resume.same_position(batch, workers, now) == expected
+
+
+def test_a_worker_stuck_on_a_stopped_server_hears_sigterm(tmp_path):
+    """#62, class 'a stop signal not heard during a blocking wait': a worker waiting in
+    ps-lite for a server that stopped (SIGSTOP: alive, so nothing else notices) ran no
+    Python handler, and SIGTERM waited for the stall deadline (1800 s by default). It ends
+    once it has computed nothing for IDLE_SECONDS after the signal, in one line."""
+    job = uuid.uuid4().hex
+    proc = run_launch(["-n", "2", "-s", "1", "--grace", "60", "--"] + TRAIN +
+                      ["--epochs", "100", "--out", str(tmp_path / "run")], job)
+    wait_until(lambda: os.path.exists(tmp_path / "run" / "metrics.json"), proc, "training under way")
+    roles = job_processes(job)
+    server, worker = (next(pid for pid, role in roles if role == kind) for kind in ("server", "worker"))
+    os.kill(server, signal.SIGSTOP)
+    os.kill(worker, signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)  # bounded well below the stall deadline; the launcher ends the server
+    assert re.search(r"gluon_gpu: stopped by SIGTERM while worker \d of 2 waited for the job's other processes "
+                     r"\(10 s without computing\)", err), err
+    assert len(read_metrics(tmp_path / "run")["epochs"]) < 100
+    assert wait_until_gone(job) == []

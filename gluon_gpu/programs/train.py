@@ -18,7 +18,7 @@ from ..core.platform.errors import DivergedError, ProcessDied, UserError, WriteE
 from ..core.platform.files import RunLock, remove_temporaries
 from ..core.platform.memory import recording, total_text
 from ..core.platform.optional import require_horovod
-from ..core.platform.signals import STOP_SIGNALS
+from ..core.platform.signals import IDLE_SECONDS, STOP_SIGNALS, heard_while
 from ..core.state.checkpoint import complete_checkpoints, latest_checkpoint
 from ..core.state.version import __version__
 from ..core.step.params import ParamSnapshot, save_arrays, save_parameters
@@ -273,9 +273,13 @@ def _fit(config, out, run, start, callbacks, keepers, stop, progress, say, monit
     NaN loss (the last good parameters kept). ``keepers``: the Checkpointer, the last good
     parameters, then an elastic job's commit: callbacks after the others, in that order."""
     history, chief, (checkpointer, last_good) = start.history, run.dp.rank == 0, keepers[:2]
+    waits = heard_while(f"worker {run.dp.rank} of {run.dp.num_workers} waited for the job's other processes "
+                        f"({IDLE_SECONDS} s without computing)", IDLE_SECONDS) if run.dp.num_workers > 1 \
+        else contextlib.nullcontext()
     try:
-        fit(run.dp, run.train, run.val, config.epochs, callbacks + keepers,
-            start.epoch, start.batch, config.log_interval, progress, history, stop, start.seconds, config.val_every)
+        with waits:  # a stop signal in a wait for a stopped peer: no Python handler runs there
+            fit(run.dp, run.train, run.val, config.epochs, callbacks + keepers, start.epoch, start.batch,
+                config.log_interval, progress, history, stop, start.seconds, config.val_every)
     except Interrupted as e:
         where = checkpointer.save(e.epoch, e.batch, history, e.seconds)
         if e.cause is not None:  # a dead loader worker: _train says where to resume from

@@ -9,6 +9,7 @@ import select
 import signal
 import sys
 import threading
+import time
 
 # What a training loop stops on, in precedence when workers got different ones.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -66,21 +67,27 @@ def _default_stop_signals():
         signal.signal(signum, signal.SIG_DFL)
 
 
+IDLE_SECONDS = 10  # a stop signal unheard this long while the process computes nothing: it waits in C++
+
+
 @contextlib.contextmanager
-def heard_while(what):
-    """Inside the block the main thread waits in C++ (ps-lite's connect and barriers,
-    Horovod's rendezvous) for peers that may never come, and no Python signal handler
-    runs until the wait ends: a worker waiting for a scheduler ignored SIGTERM and Ctrl-C
-    for the connect deadline's 600 s. Here the signal is heard where the C handler writes
-    it (``signal.set_wakeup_fd``), by a thread that says so in one line (``what``: what
-    was waited for) and ends the process with 128 + the signal: a wait has nothing to save."""
+def heard_while(what, idle=None):
+    """Inside the block the main thread may wait in C++ (ps-lite's connect, pushes, pulls
+    and barriers, Horovod's rendezvous) for peers that may never come, and no Python
+    signal handler runs until the wait ends: a worker waiting for a scheduler ignored
+    SIGTERM and Ctrl-C for the connect deadline's 600 s. Here the signal is heard where the
+    C handler writes it (``signal.set_wakeup_fd``), by a thread that says so in one line
+    (``what``: what was waited for) and ends the process with 128 + the signal: at once
+    (``idle`` None: a wait has nothing to save), or once the process has used next to no
+    CPU for ``idle`` seconds since (training: the step in progress, the agreement to stop
+    and the checkpoint compute, and are let finish; a wait for a stopped peer does not)."""
     if threading.current_thread() is not threading.main_thread():  # its own handlers hear the signals
         yield
         return
     heard, quit_ = os.pipe(), os.pipe()
     os.set_blocking(heard[1], False)
     previous = signal.set_wakeup_fd(heard[1], warn_on_full_buffer=False)
-    thread = threading.Thread(target=_hear, args=(heard[0], quit_[0], what), daemon=True)
+    thread = threading.Thread(target=_hear, args=(heard[0], quit_[0], what, idle), daemon=True)
     thread.start()
     try:
         yield
@@ -92,13 +99,25 @@ def heard_while(what):
             os.close(fd)
 
 
-def _hear(heard, quit_, what):
+def _hear(heard, quit_, what, idle):
+    signum, since, cpu = None, 0.0, 0.0
     while True:
-        ready, _, _ = select.select([heard, quit_], [], [])
+        ready, _, _ = select.select([heard, quit_], [], [], None if signum is None else 1.0)
         if quit_ in ready:
             return
-        for signum in os.read(heard, 64):
-            if signum in STOP_SIGNALS:
-                print(f"gluon_gpu: stopped by {signal.Signals(signum).name} while {what}", file=sys.stderr,
-                      flush=True)
-                os._exit(128 + signum)
+        stops = [s for s in (os.read(heard, 64) if heard in ready else b"") if s in STOP_SIGNALS]
+        if signum is None and stops:
+            signum, since, cpu = stops[0], time.monotonic(), _cpu_seconds()
+        if signum is None:
+            continue
+        now, used = time.monotonic(), _cpu_seconds()
+        if idle is not None and used - cpu > 0.05 * max(now - since, 1.0):  # it computes: let it go on
+            since, cpu = now, used
+        if idle is None or now - since >= idle:
+            print(f"gluon_gpu: stopped by {signal.Signals(signum).name} while {what}", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+
+
+def _cpu_seconds():
+    times = os.times()
+    return times.user + times.system
