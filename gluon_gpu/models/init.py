@@ -162,7 +162,7 @@ def ensemble_layout(layout, model, ctx, engine_threads=0):
     GPU (not measured), it trains them in turns (``sequential``): the benchmark found
     every layout that runs members side by side on one worker slower than one after
     another (README "Seed-parallel ensembles"). ``fused``: one network of all members,
-    layer by layer (LeNet's in ensemble.py, any other's in fused_members.py); a network
+    layer by layer (LeNet's in fused_lenet.py, any other's in fused_members.py); a network
     with a layer of a kind it has no fused form of is refused naming that layer."""
     if layout not in LAYOUTS:
         raise UserError(f"unknown `ensemble_layout` {layout!r}: choose one of {', '.join(LAYOUTS)}")

@@ -373,3 +373,14 @@ def main_guard(prog):
                 return 128 + e.signum
         return run
     return decorate
+
+
+def text_table(columns, rows, title=None):
+    """Fixed-width lines: ``columns`` is ``[(heading, width, cell)]``, ``cell(row)`` a
+    string; the first column left-aligned, the others right-aligned; a rule under the
+    heading, ``title`` above it."""
+    def line(cells):
+        return "".join(f"{c:<{w}}"[:w] if i == 0 else f"{c:>{w}}" for i, (c, (_, w, _)) in enumerate(zip(cells, columns)))
+    head = line([heading for heading, _, _ in columns])
+    lines = ([title] if title else []) + [head, "-" * len(head)]
+    return "\n".join(lines + [line([cell(r) for _, _, cell in columns]) for r in rows])

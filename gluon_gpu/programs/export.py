@@ -21,7 +21,7 @@ import mxnet as mx
 import numpy as np
 
 from ..core.platform.errors import UserError
-from ..core.platform.files import fsync_path, lock_holder, umask_mode, write_guard, write_json, write_text
+from ..core.platform.files import check_writable, fsync_path, lock_holder, umask_mode, write_guard, write_json, write_text
 from ..core.state.version import __version__
 from ..core.step.params import read_parameter_file
 from ..data.fashion_mnist import fashion_spec
@@ -122,19 +122,6 @@ def _move_into(staging, out):
     shutil.rmtree(staging)
 
 
-def check_writable(out):
-    """Refuse an ``out`` that cannot be made or written, before any work; whether it was
-    made here (so that a failed export can take it away again)."""
-    made = not os.path.exists(out)
-    try:
-        os.makedirs(out, mode=umask_mode(0o777), exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=out, prefix=".probe-")
-        probe.close()
-    except OSError as e:
-        raise UserError(f"cannot write the export to `out` {out}: {e.strerror or e}") from None
-    return made
-
-
 @contextlib.contextmanager
 def removed_unless_written(out, made):
     """A folder ``out`` this export made is gone again if the export ends without writing
@@ -155,7 +142,7 @@ def main(argv=None):
     if holder:
         print(f"gluon_gpu.export: note: {os.path.dirname(path) or '.'} is still being trained (process {holder}): "
               f"exporting {os.path.basename(path)} as it is when read", file=sys.stderr)
-    with removed_unless_written(args.out, check_writable(args.out)):
+    with removed_unless_written(args.out, check_writable(args.out, "the export to `out`")):
         x, source = held_out(spec, args.data_dir, args.check_samples)
         try:
             signature = export(path, args.out, spec, x, args.model, args.member, args.formats)

@@ -4,7 +4,6 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import NamedTuple, Optional
 
-import mxnet as mx
 
 from ..core.loop.ema import WeightAverage
 from ..core.platform.devices import default_workers

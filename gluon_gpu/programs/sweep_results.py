@@ -9,7 +9,7 @@ import os
 from ..core.loop.callbacks import Callback, save_figure, subplots
 from ..core.loop.early_stopping import MemberMonitor
 from ..core.platform.files import write_text
-from .bench.timing import text_table
+from .cli import text_table
 from .sweep import member_label, varied
 
 

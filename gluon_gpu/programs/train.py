@@ -4,7 +4,6 @@ import contextlib
 import os
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import replace
 
@@ -15,7 +14,7 @@ from ..core.loop.fit import Interrupted, StopFlag, fit
 from ..core.loop.loggers import TrainLog, show
 from ..core.platform.devices import devices, parse_devices, require_thread_settings
 from ..core.platform.errors import DivergedError, ProcessDied, UserError, WriteError
-from ..core.platform.files import RunLock, remove_temporaries
+from ..core.platform.files import RunLock, check_writable, remove_temporaries
 from ..core.platform.memory import recording, total_text
 from ..core.platform.optional import require_horovod
 from ..core.platform.signals import IDLE_SECONDS, STOP_SIGNALS, heard_while
@@ -81,16 +80,6 @@ def prepare_out_dir(path):
 RUN_FILES = frozenset(("checkpoints", "train.log", "metrics.csv", "curves.png", "tb", "profile.json", "profile.txt"))
 
 
-def check_writable(path):
-    """Create ``path`` and prove it writable before any training is done."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        raise UserError(f"cannot write to run directory {path}: {e.strerror or e}") from None
-
-
 class _KeepLastGood(Callback):
     """Callback: a host snapshot of the parameters after every finished epoch."""
 
@@ -153,7 +142,7 @@ def _run(args, config, state, commits=None):
         monitor = monitor_for(config, run)
         chief = dp.rank == 0  # in a distributed job only rank 0 writes and prints
         if chief and not args.dry_run:
-            check_writable(out)
+            check_writable(out, "to run directory")
         shown = _announce(config, run, ctx, out, args.dry_run) if chief else []
         if args.dry_run:
             return _dry_run_memory(needs) if chief else 0

@@ -183,3 +183,17 @@ def _same_file(fd, path):
         return os.path.samestat(os.fstat(fd), os.stat(path))
     except OSError:
         return False
+
+
+def check_writable(path, what):
+    """Create the folder ``path`` and prove it writable before any work is done, or a
+    UserError naming ``what`` it is for; whether it was made here (so that work that
+    fails can take it away again)."""
+    made = not os.path.exists(path)
+    try:
+        os.makedirs(path, mode=umask_mode(0o777), exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise UserError(f"cannot write {what} {path}: {e.strerror or e}") from None
+    return made

@@ -44,7 +44,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
     ``bucket_bytes``: gradient buckets on several devices of one process (0: one kvstore key per parameter).
     ``exchange=False``: no gradient exchange (the benchmark's baseline). ``accumulate=N``: N steps' gradients
     summed before one update. ``clip_grad``: the mean gradient's global norm clipped after the exchange.
-    ``dtype``/``amp``/``loss_scaling``: precision.py. ``augment``, ``mixing``: training inputs (inputs.py).
+    ``dtype``/``amp``/``loss_scaling``: precision.py. ``augment``, ``mixing``: training inputs (training_inputs.py).
     ``tta``: test-time augmentation of evaluation, ``'flip,shift=1'`` or a TestTimeAugmentation
     (core/step/tta.py; a classifier of images, one network).
     """
@@ -118,7 +118,7 @@ class Step:  # pylint: disable=too-many-instance-attributes
     def step(self, data, label, augmentation=None, mixing=None, return_loss=True, flush=False):
         """Forward, backward and, every ``accumulate`` batches (or now, with ``flush``: an epoch's end), one
         update; the batch's mean loss as a lazy NDArray on the first device (reading it syncs), or None with
-        ``return_loss=False``. ``augmentation``, ``mixing``: their parameters (inputs.py)."""
+        ``return_loss=False``. ``augmentation``, ``mixing``: their parameters (training_inputs.py)."""
         raise NotImplementedError
 
     def split(self, data, label, training=True):

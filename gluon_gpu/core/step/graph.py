@@ -42,7 +42,7 @@ def make_step_graph(net, head, transform, precision, members, is_np, training, s
     once for all of them. Members augment each their own column, parameters
     ``(n, K, P)`` (shared: ``(n, 1, P)``), when they do not mix. ``skipping``: members of
     a group left out of it (built without Gluon's warning that their parameters are unused).
-    Evaluation only: ``tta`` (data/test_time.py) runs the network on each sample's views
+    Evaluation only: ``tta`` (tta.py) runs the network on each sample's views
     and judges the mean of their log-probabilities."""
     kind = StepGraph if isinstance(net, gluon.HybridBlock) else EagerStepGraph
     graph = kind(prefix="")

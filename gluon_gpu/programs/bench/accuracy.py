@@ -35,7 +35,8 @@ from .. import tutorial_loop
 from ..config import RunConfig, as_argv
 from ..recipes import apply_recipe
 from . import children, torch_train
-from .timing import SHARE, figure, machine_info, machine_words, marked, quiet, share_remarks, text_table
+from ..cli import text_table
+from .timing import SHARE, figure, machine_info, machine_words, marked, quiet, share_remarks
 from .torch_child import save_samples, torch_lines
 
 

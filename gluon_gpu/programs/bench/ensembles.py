@@ -31,9 +31,9 @@ from ...core.platform.pools import process_temp_dir
 from ...data import load_dataset
 from ...models.init import ensemble_engine_workers, ensemble_layout
 from ...models.zoo import model_for
-from ..cli import progress_enabled
+from ..cli import progress_enabled, text_table
 from .timing import (SHARE, TIMES, figure, machine_info, marked, peak_rss_mib, quiet, share_remarks, summarize,
-                     text_table, time_ours)
+                     time_ours)
 from .variants import child_report, run_children
 
 

@@ -19,7 +19,6 @@ import tempfile
 import time
 
 import mxnet as mx
-import numpy as np
 
 from ...core.loop.callbacks import save_figure, subplots
 from ...core.platform.devices import parse_devices, thread_settings
@@ -35,7 +34,8 @@ from ..evaluate import evaluate_inference, graph_evaluation, recorded_spec, vali
 from ..export import export
 from . import children, torch_lenet
 from .torch_child import save_samples, torch_lines
-from .timing import figure, machine_info, text_table
+from ..cli import text_table
+from .timing import figure, machine_info
 
 CALIBRATION = 512  # training samples INT8 calibrates on (evaluate's default)
 

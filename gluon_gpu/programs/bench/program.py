@@ -30,6 +30,7 @@ from ...core.loop.callbacks import save_figure, subplots
 from ...core.platform.cpu_time import CpuMeter
 from ...core.platform.devices import cpu_contexts, gpu_count, parse_devices, require_thread_settings, thread_settings
 from ...core.platform.errors import UserError
+from ...core.platform.files import check_writable
 from ...core.platform.files import write_json
 from ...core.platform.optional import require_horovod
 from ...core.platform.walk import descendants
@@ -37,12 +38,11 @@ from ...core.step.precision import check_precision, precision_for
 from ...data import load_dataset
 from ...models import get_model
 from ...models.zoo import model_for
-from ..cli import Parser, main_guard, positive_int, progress_enabled, unit_fraction, wait_seconds
+from ..cli import Parser, main_guard, positive_int, progress_enabled, text_table, unit_fraction, wait_seconds
 from ..config import COMMON_FLAGS, add_flags
-from ..train import check_writable
 from . import accuracy, children, ensembles, inference, sweep, torch_train, variants
 from .timing import (SHARE, TIMES, TORCH_FACTS, figure, machine_info, marked, peak_rss_mib, quiet, scaling_config,
-                     share_remarks, summarize, text_table, time_ours, time_pytorch, time_tutorial)
+                     share_remarks, summarize, time_ours, time_pytorch, time_tutorial)
 
 
 def build_parser():
@@ -231,6 +231,27 @@ def check_torch_python(args, combinations):
                         f"not with {elsewhere[0]}")
 
 
+def check_modes(args, typed):
+    """The flags each mode takes, checked before any work; the variants to time."""
+    check_engines(args)
+    combinations = variants.variants(args)
+    check_torch_python(args, len(combinations))
+    if len(combinations) > 1 and args.workers:
+        raise UserError("several --dtype, --omp-threads or --engine-threads values compare plain runs and "
+                        "ensembles; time --workers once per value")
+    warn_idle_timeout(args, typed, len(combinations))
+    return combinations
+
+
+def warn_idle_timeout(args, typed, combinations):
+    """--timeout bounds child processes: where the table has none, say it changes nothing."""
+    if "timeout" in typed and not (args.workers or args.to_accuracy or args.inference or args.torch_python
+                                   or args.ensemble or combinations > 1):
+        print("gluon_gpu.bench: warning: --timeout bounds the benchmark's child processes (--workers, --to-accuracy, "
+              "--inference, --torch-python, several --dtype or thread counts); this table trains in this process, "
+              "which it does not bound", file=sys.stderr)
+
+
 def run_workers(args):
     """One plain process, then a job of each --workers count on each --kvstore engine."""
     rows, kvstores = [], args.kvstore or ["dist_sync"]
@@ -272,18 +293,8 @@ def main(argv=None):
     for spec in args.devices:  # every spec and precision checked before any work
         for dtype in args.dtype:
             check_precision(precision_for(dtype, args.amp), parse_devices(spec))
-    check_writable(args.out)
-    check_engines(args)
-    combinations = variants.variants(args)
-    check_torch_python(args, len(combinations))
-    if "timeout" in flags.typed and not (args.workers or args.to_accuracy or args.inference or args.torch_python
-                                         or args.ensemble or len(combinations) > 1):
-        print("gluon_gpu.bench: warning: --timeout bounds the benchmark's child processes (--workers, --to-accuracy, "
-              "--inference, --torch-python, several --dtype or thread counts); this table trains in this process, "
-              "which it does not bound", file=sys.stderr)
-    if len(combinations) > 1 and args.workers:
-        raise UserError("several --dtype, --omp-threads or --engine-threads values compare plain runs and "
-                        "ensembles; time --workers once per value")
+    check_writable(args.out, "the benchmark's report to `out`")
+    combinations = check_modes(args, flags.typed)
     if len(combinations) > 1:
         with tqdm(total=len(combinations), desc="bench", unit="process", disable=not progress_enabled(args)) as bar:
             if args.ensemble:

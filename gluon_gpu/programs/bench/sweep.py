@@ -19,11 +19,11 @@ from ...core.platform.files import write_json
 from ...data import load_dataset
 from ...models.init import ensemble_layout
 from ...models.zoo import model_for
-from ..cli import progress_enabled
+from ..cli import progress_enabled, text_table
 from ..config import SWEEPABLE, RunConfig
 from ..sweep import member_configs, member_label, varied
 from .timing import (SHARE, TIMES, figure, machine_info, marked, peak_rss_mib, quiet, share_remarks, summarize,
-                     text_table, time_ours)
+                     time_ours)
 
 
 def run_sweep(args):

@@ -194,14 +194,3 @@ def share_remarks(rows):
         lines.append(f"* ran beside other work (others above {BUSY_LIMIT:.2f}): its times are no result and no "
                      "ratio quotes them; run the same command again on a quiet machine (see `uptime`)")
     return lines
-
-
-def text_table(columns, rows, title=None):
-    """Fixed-width lines: ``columns`` is ``[(heading, width, cell)]``, ``cell(row)`` a
-    string; the first column left-aligned, the others right-aligned; a rule under the
-    heading, ``title`` above it."""
-    def line(cells):
-        return "".join(f"{c:<{w}}"[:w] if i == 0 else f"{c:>{w}}" for i, (c, (_, w, _)) in enumerate(zip(cells, columns)))
-    head = line([heading for heading, _, _ in columns])
-    lines = ([title] if title else []) + [head, "-" * len(head)]
-    return "\n".join(lines + [line([cell(r) for _, _, cell in columns]) for r in rows])

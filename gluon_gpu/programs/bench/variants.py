@@ -20,7 +20,8 @@ from ...models.member_stack import ensemble_variables
 from ..config import RunConfig
 from ..sweep import member_count
 from . import children
-from .timing import SHARE, TIMES, figure, marked, quiet, share_remarks, text_table
+from ..cli import text_table
+from .timing import SHARE, TIMES, figure, marked, quiet, share_remarks
 
 PROCESS_WIDE = ("dtype", "omp_threads", "engine_threads", "pipeline")
 
