@@ -3,7 +3,7 @@ spelled out on the plan line, recorded in the run so that --resume needs no look
 import os
 
 from gluon_gpu.programs import train
-from gluon_gpu.programs.recipes import RECIPES
+from gluon_gpu.programs.recipes import RECIPES, apply_recipe
 
 from conftest import read_metrics, with_flags
 
@@ -95,3 +95,22 @@ def test_an_error_about_a_flag_the_recipe_set_says_so(capsys):
                          "--tta validates one network, not an --ensemble or a --sweep")):
         assert train.main(flags + ["--limit", "256", "--dry-run"]) == 2
         assert capsys.readouterr().err.strip() == f"gluon_gpu.train: error: {said}"
+
+
+def test_the_readmes_quick_start_run_trains_further_with_more_epochs(tmp_path, capsys):
+    """#63: the README's `gluon-gpu-train --resume runs/quick --epochs 5` was refused on the
+    run its quick start had just made (a cosine schedule). It goes on as a 5-epoch run would
+    from there, and says so: the rate jumps from the finished run's 0 to that run's."""
+    from gluon_gpu.programs.config import RunConfig
+    from gluon_gpu.programs.run import lr_scheduler
+    out = str(tmp_path / "quick")
+    assert train.main(QUICK + ["--recipe", "lenet", "--epochs", "3", "--out", out]) == 0
+    capsys.readouterr()
+    assert train.main(["--resume", out, "--epochs", "5", "--quiet"]) == 0
+    said = capsys.readouterr().out
+    steps = 3 * -(-640 // 64)  # 3 epochs of 10 updates
+    rate = lr_scheduler(apply_recipe(RunConfig(recipe="lenet", epochs=5), given={"epochs"}), 10)(steps)
+    assert (f"--lr-mode cosine is laid out over --epochs 5 now (the run had 3): it goes on as a 5-epoch run would "
+            f"from here, at a rate of {rate:.4g}") in said, said
+    epochs = read_metrics(out)["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4, 5] and epochs[-1]["val_acc"] > epochs[2]["val_acc"] - 0.05

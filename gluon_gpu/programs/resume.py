@@ -45,10 +45,6 @@ def resume_config(typed, run_dir):
         if name not in RESUMABLE and getattr(config, name) != value:
             raise UserError(f"{_differs(name, value, getattr(config, name))}; on --resume only "
                             + ", ".join(flag_name(n) for n in sorted(RESUMABLE)) + " may change")
-        shaped = next((m.lr_mode for m in member_configs(config) or [config] if m.lr_mode in EPOCH_SHAPED_LR), None)
-        if name == "epochs" and value != config.epochs and shaped:  # (a sweep: any member's schedule)
-            raise UserError(f"--epochs cannot change on --resume with --lr-mode {shaped}: "
-                            "that schedule is laid out over the run's epochs")
         changes[name] = value
     return replace(config, **changes, out=run_dir), state
 
@@ -125,9 +121,21 @@ def resume_point(out, run, config, say, monitor):
                 print(done)
             return None
         if chief:
-            say(f"resuming from {directory} (epoch {state['epoch'] + 1}, batch {batch + 1})")
+            say(f"resuming from {directory} (epoch {state['epoch'] + 1}, batch {batch + 1})"
+                + _relaid(config, state["config"]["epochs"], run.dp.trainer.learning_rate))
         return ResumePoint(state["epoch"], batch, state["seconds"], state["history"])
     raise UserError(f"--resume {out}: no checkpoint in {out}/checkpoints loads")
+
+
+def _relaid(config, epochs_before, rate):
+    """What a resume with other --epochs does to a schedule laid out over the epochs
+    (cosine, poly, linear): it goes on as a run of the new length would from here, so the
+    rate jumps to that run's (a finished cosine run's rate of 0 rises again: a warm restart)."""
+    shaped = next((m.lr_mode for m in member_configs(config) or [config] if m.lr_mode in EPOCH_SHAPED_LR), None)
+    if not shaped or config.epochs == epochs_before:
+        return ""
+    return (f"; --lr-mode {shaped} is laid out over --epochs {config.epochs} now (the run had {epochs_before}): "
+            f"it goes on as a {config.epochs}-epoch run would from here, at a rate of {rate:.4g}")
 
 
 def _position(state, run):
