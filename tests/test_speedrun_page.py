@@ -37,3 +37,11 @@ def test_a_page_is_made_from_no_report_with_a_busy_row():
     quiet["results"][1]["busy"] = True
     assert busy_rows(quiet) == ["PyTorch standard recipe, bfloat16 autocast"]
     assert busy_rows({"results": [], "tutorial": {"name": "cpu", "busy": True}, "pytorch": None}) == ["cpu"]
+
+
+def test_the_seeds_table_reads_runs_validated_at_the_end_and_moving_averages():
+    """--val-every leaves epochs without figures; --ema's figure counts as best.params takes it."""
+    run_ = {"config": {"seed": 3}, "epochs": [{"epoch": 1, "seconds": 40.0},
+                                              {"epoch": 2, "seconds": 40.0, "val_acc": 0.938, "ema_val_acc": 0.9412}]}
+    lines, _, seeds = speedrun_page.seeds_table([run_])
+    assert lines[2] == "| 3 | 0.9412 | 2 | 80 |" and seeds["min"] == 0.9412
