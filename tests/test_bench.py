@@ -315,7 +315,7 @@ def test_inference_bench_times_every_engine_in_one_invocation(lenet_run, small_f
     assert keys == ["graph", "fused", "int8"] + ["bfloat16"] * bool(cpu_flags() & BF16_CPU_FLAGS) + ["onnxruntime"]
     for r in rows:
         assert r["samples"] == 512 and len(r["seconds"]) == 2 and r["name"] in printed
-        assert r["vs_graph"] == pytest.approx(r["samples_per_s"] / rows[0]["samples_per_s"])
+        assert r["vs_graph"] == pytest.approx(r["samples_per_s"] / rows[0]["samples_per_s"]) and r["cpu_share"] > 0
         assert r["omp_threads"] == (usable_cpus() if r["key"] != "graph" else thread_settings()["omp_threads"])
     acc = {r["key"]: r["acc"] for r in rows}
     assert acc["graph"] == acc["fused"] == acc["onnxruntime"] > 0.5 and abs(acc["int8"] - acc["graph"]) < 0.02

@@ -22,6 +22,7 @@ import mxnet as mx
 
 from ...core.loop.callbacks import save_figure, subplots
 from ...core.platform.devices import parse_devices, thread_settings
+from ...core.platform.cpu_time import CpuMeter
 from ...core.platform.errors import UserError
 from ...core.platform.files import write_json
 from ...core.platform.pools import process_temp_dir
@@ -35,7 +36,7 @@ from ..export import export
 from . import children, torch_lenet
 from .torch_child import save_samples, torch_lines
 from ..cli import text_table
-from .timing import figure, machine_info
+from .timing import SHARE, figure, machine_info, marked, quiet, share_remarks
 
 CALIBRATION = 512  # training samples INT8 calibrates on (evaluate's default)
 
@@ -68,9 +69,9 @@ def run_inference(args):
             raise children.failure(f"`inference` {' '.join(group)}: {last.split(': error: ', 1)[-1]}", done.returncode)
         with open(os.path.join(out, "rows.json")) as f:
             rows += [{**row, "omp_threads": omp or thread_settings()["omp_threads"]} for row in json.load(f)]
-    base = rows[0]["samples_per_s"]
     for row in rows:
-        row["vs_graph"] = row["samples_per_s"] / base
+        if quiet(row, rows[0]):
+            row["vs_graph"] = row["samples_per_s"] / rows[0]["samples_per_s"]
     return report(args, rows, recorded_run(params_in(args.inference))["model"], rows[0]["samples"])
 
 
@@ -108,13 +109,14 @@ def _timed(key, what, repeats, loop):
     """The row of an engine: ``loop()`` once untimed, then ``repeats`` times."""
     figures = loop()
     seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        figures = loop()
-        seconds.append(time.perf_counter() - start)
+    with CpuMeter() as meter:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            figures = loop()
+            seconds.append(time.perf_counter() - start)
     median = statistics.median(seconds)
     return {"key": key, "name": what, "seconds": seconds, "median_s": median, "samples": figures["samples"],
-            "samples_per_s": figures["samples"] / median, "acc": figures.get("acc")}
+            "samples_per_s": figures["samples"] / median, "acc": figures.get("acc"), **meter.share.as_dict()}
 
 
 def _onnx_loop(onnx_file, spec, x, y, bs):
@@ -140,22 +142,24 @@ def _torch_row(args, path, spec, x, y, scratch):
     weights, inputs = os.path.join(scratch, "lenet.npz"), os.path.join(scratch, "inputs.npz")
     torch_lenet.save_weights(load_model(path, mx.cpu(), fused_conv="off"), weights)
     save_samples(inputs, spec, x=x, y=y)
-    lines = list(torch_lines(args.torch_python, torch_lenet.__file__, weights, inputs, args.batch_size, args.repeats,
-                             seconds=args.timeout))
+    with CpuMeter() as meter:
+        lines = list(torch_lines(args.torch_python, torch_lenet.__file__, weights, inputs, args.batch_size,
+                                 args.repeats, seconds=args.timeout))
     result = json.loads(lines[-1])
     median = statistics.median(result["seconds"])
     return {"key": "pytorch", "name": f"PyTorch {result['torch']} eager, same LeNet and weights",
             "seconds": result["seconds"], "median_s": median, "samples": len(x), "samples_per_s": len(x) / median,
-            "acc": result["acc"]}
+            "acc": result["acc"], **meter.share.as_dict()}
 
 
 def report(args, rows, model, samples):
-    columns = [("engine", 52, lambda r: r["name"]), ("threads", 8, figure("omp_threads", "d")),
+    columns = [("engine", 54, marked("name")), ("threads", 8, figure("omp_threads", "d")), *SHARE,
                ("median s", 10, figure("median_s", ".3f")),
                ("samples/s", 12, figure("samples_per_s", ".0f")), ("val-acc", 9, figure("acc", ".4f")),
                ("vs graph", 10, figure("vs_graph", ".2f", "x"))]
     print(text_table(columns, rows, f"{model}: inference on {samples} validation samples, batches of "
                                     f"{args.batch_size}, median of {args.repeats}"))
+    print("\n".join(share_remarks(rows)))
     write_json(os.path.join(args.out, "bench.json"), {"config": vars(args), "machine": machine_info(),
                                                       "inference": rows})
     plot(rows, model, os.path.join(args.out, "inference.png"))
@@ -166,7 +170,7 @@ def report(args, rows, model, samples):
 def plot(rows, model, path):
     fig, ax = subplots(figsize=(8, 4.5))
     bars = ax.barh([r["key"] for r in rows][::-1], [r["samples_per_s"] for r in rows][::-1], color="C0")
-    ax.bar_label(bars, labels=[f"{r['vs_graph']:.2f}x" for r in rows][::-1])
+    ax.bar_label(bars, labels=[f"{r['vs_graph']:.2f}x" if "vs_graph" in r else "busy" for r in rows][::-1])
     ax.set_xlabel("samples/s (median pass)")
     ax.set_title(f"{model}: inference, against the training graph")
     save_figure(fig, path)
