@@ -36,6 +36,17 @@ def test_a_crash_and_a_reset_each_start_a_new_child_that_goes_on(monkeypatch, ca
                     "(reset 2 of at most 3, --max-resets)"]
 
 
+def test_a_segfault_mxnet_turns_into_exit_255_is_a_crash_too(monkeypatch, capfd):
+    """MXNet's SIGSEGV handler prints its line and exits 255: the supervisor did not see a
+    crash there, and a worker whose new child segfaulted ended the elastic job (seen in a
+    fresh-clone suite beside other work)."""
+    code = supervised(monkeypatch, "if n == 0:\n    import ctypes, mxnet\n    ctypes.string_at(0)\nsys.exit(0)")
+    said = capfd.readouterr().err.strip().splitlines()
+    assert code == 0 and "Segmentation fault: 11" in said
+    assert said[-1] == ("gluon_gpu.train: its training died of SIGSEGV as a collective failed: this worker trains on "
+                        "from the newest commit (reset 1 of at most 3, --max-resets)")
+
+
 def test_resets_have_a_ceiling(monkeypatch, capfd):
     code = supervised(monkeypatch, f"sys.exit({elastic.RESET_STATUS})", max_resets=2)
     said = capfd.readouterr().err.strip().splitlines()

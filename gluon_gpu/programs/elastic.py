@@ -42,6 +42,7 @@ RANK_VARIABLES = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD
                   "HOROVOD_CROSS_SIZE")  # the rendezvous server's answer, in its order
 RESET_STATUS = 75  # the child's exit for a reset: start another (EX_TEMPFAIL)
 CRASHES = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS)  # how a failed collective has killed a child
+MXNET_SEGFAULT_STATUS = 255  # MXNet's own SIGSEGV handler prints "Segmentation fault: 11" and exits with it
 
 
 def is_elastic(config):
@@ -70,10 +71,11 @@ def supervise(max_resets):
                                          start_new_session=True, preexec_fn=die_with_parent))
         code = children[-1].wait()
         signal_group(children[-1].pid)  # helpers it left (DataLoader workers)
-        if stops or (code != RESET_STATUS and -code not in CRASHES):
+        crashed = -code in CRASHES or code == MXNET_SEGFAULT_STATUS
+        if stops or (code != RESET_STATUS and not crashed):
             return code if code >= 0 else 128 - code
         why = "the job's membership changed" if code == RESET_STATUS else \
-            f"its training died of {signal.Signals(-code).name} as a collective failed"
+            f"its training died of {signal.Signals(-code).name if code < 0 else 'SIGSEGV'} as a collective failed"
         if resets < max_resets:
             print(f"gluon_gpu.train: {why}: this worker trains on from the newest commit "
                   f"(reset {resets + 1} of at most {max_resets}, --max-resets)", file=sys.stderr, flush=True)
