@@ -98,13 +98,15 @@ class Parser(argparse.ArgumentParser):
         """An empty value is refused for every flag and argument (``--out ''`` trained into
         runs/<timestamp>, ``--recipe ''`` ran no recipe, without a word): a flag that can be
         off has its own spelling (none, 0), or is left out; and a value given twice to a
-        flag that takes several. A command passed on whole (launch's) is the command's own."""
+        flag that takes several (not to a list of inputs: predict's images may repeat). A
+        command passed on whole (launch's) is the command's own."""
         name = "/".join(action.option_strings) or action.metavar or action.dest
         if action.nargs != argparse.REMAINDER and any(not s.strip() for s in arg_strings):
             self.error(f"{name} is empty: give a value, or leave it out")
         values = super()._get_values(action, arg_strings)
-        if action.nargs in ("+", "*") and isinstance(values, list) and len(set(map(repr, values))) < len(values):
-            self.error(f"{name} gives a value twice: give each once")  # bench --devices cpu cpu timed it twice
+        if action.option_strings and action.nargs in ("+", "*") and isinstance(values, list) \
+                and len(set(map(repr, values))) < len(values):  # bench --devices cpu cpu timed it twice
+            self.error(f"{name} gives a value twice: give each once")
         return values
 
     def parse(self, args=None):
