@@ -42,6 +42,11 @@ COMPONENTS = {
                        "image, aspect 0.3-3.3, set to the mean"),
 }
 GEOMETRIC = ("flip", "vflip", "crop", "translate", "rotate")
+
+
+def gathers(components):
+    """Whether ``components`` (parsed) move pixels: the gather (compiled or not) runs."""
+    return any(name in components for name in GEOMETRIC)
 PRESETS = {"none": "", "basic": "flip,crop=4", "strong": "flip,crop=4,erase=0.5"}
 ERASE_AREA, ERASE_ASPECT = (0.02, 0.4), (0.3, 1 / 0.3)
 MAX_GATHER = 2 ** 24  # elements of one device's batch: float32 indices are exact up to here
@@ -108,7 +113,7 @@ class Augment(gluon.HybridBlock):
             raise UserError(f"`augment` applies to images (C, H, W); these samples are {tuple(sample_shape)}")
         self.components, self.clip_max = dict(components), clip_max
         self.channels, self.height, self.width_px = c, h, w = sample_shape
-        self.geometric = any(name in self.components for name in GEOMETRIC)
+        self.geometric = gathers(self.components)
         self.compiled = compiled and self.geometric
         self.draws = sum(COMPONENTS[name].draws for name in self.components)  # uniform draws per sample
         self.width = 6 * self.geometric + 3 * ("jitter" in self.components) + 4 * ("erase" in self.components)
@@ -264,6 +269,5 @@ def make_augment(text, spec, compiled_gather=None):
     if not components:
         return None
     fill = [m / spec.scale for m in spec.mean]  # the mean, in stored units
-    gathers = any(name in components for name in GEOMETRIC)
     return Augment(components, spec.input_shape, fill, clip_max=255 if spec.dtype == "uint8" else None,
-                   compiled=gathers and compiled_gather is not None and compiled_gather())
+                   compiled=gathers(components) and compiled_gather is not None and compiled_gather())

@@ -15,7 +15,7 @@ from ..core.step.precision import check_precision, precision_for
 from ..core.step.tta import check_tta, parse_tta
 from ..core.step.spread_members import owners
 from ..data import Dataset, DataSpec, load_dataset, make_pipeline
-from ..data.augment import GEOMETRIC, describe, make_augment, parse_augment
+from ..data.augment import describe, gathers, make_augment, parse_augment
 from ..data.batch_order import member_seeds, shared_batches
 from ..data.device_pipeline import MIXED_MEMBERS_AUGMENTED, device_copy_bytes
 from ..data.mixing import describe as describe_mixing, make_mixing
@@ -119,8 +119,8 @@ def _network(config, ctx, model, data, spec, sweep, spread):
     members = _members(config, sweep)
     # --fused-conv also chooses the augmentation's compiled gather: "on" asks it of the
     # model only where the gather does not take it (make_augment checks the gather's)
-    gathers = any(name in GEOMETRIC for name in parse_augment(config.augment))
-    fused = "auto" if config.fused_conv == "on" and gathers and (model or config.model) != "lenet" \
+    fused = "auto" if config.fused_conv == "on" and gathers(parse_augment(config.augment)) \
+        and (model or config.model) != "lenet" \
         else config.fused_conv
     net = init_model(model or config.model, config.seed, ctx, spec.input_shape, spec.outputs, members,
                      fused, config.ensemble_layout, config.hybridize,

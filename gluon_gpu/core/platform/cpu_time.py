@@ -55,10 +55,11 @@ def machine_ticks(path):
     return sum(total) - total[3] - total[4], cpus
 
 
-def own_cpu_seconds():
-    """CPU seconds of this process and of its children that were waited for."""
+def own_cpu_seconds(children=True):
+    """CPU seconds of this process (every thread) and, with ``children``, of its children
+    that were waited for."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return t.user + t.system + (t.children_user + t.children_system if children else 0.0)
 
 
 class CpuMeter:

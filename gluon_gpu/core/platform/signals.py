@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+from .cpu_time import own_cpu_seconds
+
 # What a training loop stops on, in precedence when workers got different ones.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -107,17 +109,12 @@ def _hear(heard, quit_, what, idle):
             return
         stops = [s for s in (os.read(heard, 64) if heard in ready else b"") if s in STOP_SIGNALS]
         if signum is None and stops:
-            signum, since, cpu = stops[0], time.monotonic(), _cpu_seconds()
+            signum, since, cpu = stops[0], time.monotonic(), own_cpu_seconds(children=False)
         if signum is None:
             continue
-        now, used = time.monotonic(), _cpu_seconds()
+        now, used = time.monotonic(), own_cpu_seconds(children=False)
         if idle is not None and used - cpu > 0.05 * max(now - since, 1.0):  # it computes: let it go on
             since, cpu = now, used
         if idle is None or now - since >= idle:
             print(f"gluon_gpu: stopped by {signal.Signals(signum).name} while {what}", file=sys.stderr, flush=True)
             os._exit(128 + signum)
-
-
-def _cpu_seconds():
-    times = os.times()
-    return times.user + times.system
